@@ -1,0 +1,65 @@
+"""Framework glue the C core calls back into: output allocation for
+frameworks without the DLPack C exchange API, and current-stream lookup
+for CuPy.  Nothing here is on the hot path of torch tensors, which the C
+core handles through the exchange API."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_KDLCPU = 1
+
+
+def _module_of(obj_or_type) -> str:
+    tp = obj_or_type if isinstance(obj_or_type, type) else type(obj_or_type)
+    return (tp.__module__ or "").split(".", 1)[0]
+
+
+def _numpy_dtype(name: str):
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(
+                "a bfloat16 result for NumPy inputs needs the ml_dtypes package "
+                "(pip install ml_dtypes), or pass out= / out_dtype='float32'") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def allocate(like, device_type: int, device_id: int, K: int, N: int, dtype: str):
+    """Return an empty [K, N] array of `dtype` in the framework of `like`."""
+    mod = _module_of(like)
+    if mod == "torch":
+        import torch
+
+        dev = "cpu" if device_type == _KDLCPU else f"cuda:{device_id}"
+        return torch.empty((K, N), dtype=getattr(torch, dtype), device=dev)
+    if mod == "cupy":
+        import cupy
+
+        if dtype == "bfloat16":
+            raise TypeError("CuPy has no bfloat16 dtype; pass out_dtype='float16' or 'float32'")
+        with cupy.cuda.Device(device_id):
+            return cupy.empty((K, N), dtype=dtype)
+    if device_type == _KDLCPU:
+        return np.empty((K, N), dtype=_numpy_dtype(dtype))
+    raise TypeError(
+        f"cannot allocate a CUDA result for {type(like).__module__}.{type(like).__name__} "
+        "inputs; pass out= (a torch or CuPy array on the same device)")
+
+
+def default_stream(tp):
+    """A function giving the current stream of arrays of type `tp`, or None
+    when the C core needs no help (NumPy, torch, CPU-only frameworks)."""
+    if _module_of(tp) != "cupy":
+        return None
+    import cupy
+
+    def cupy_stream(arr):
+        if arr.device.id is None:
+            return None
+        with cupy.cuda.Device(arr.device.id):
+            return cupy.cuda.get_current_stream().ptr
+
+    return cupy_stream

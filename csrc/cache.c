@@ -1,0 +1,329 @@
+/*
+ * cache.c -- smart_dequantize's lookup-or-tune and the Python face of the
+ * autotune cache (autotune.c holds the table, the file and the tuner).
+ *
+ * Hot path on a hit: one hash lookup under the table's mutex, then the
+ * launch.  No Python object and no file access.  The file is read lazily
+ * on first use and written after each new tuning, with the GIL released.
+ */
+#include "pyawq.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+
+#define CACHE_FILE_NAME "autotune.txt"
+
+/* ---- where the file lives ---- */
+
+static int resolve_path(char *buf, size_t n)
+{
+    const char *dir = getenv("AWQ_FAST_DEQUANT_CACHE_DIR");
+    int r;
+    if (dir != NULL && *dir) {
+        r = snprintf(buf, n, "%s/%s", dir, CACHE_FILE_NAME);
+    } else if ((dir = getenv("XDG_CACHE_HOME")) != NULL && *dir) {
+        r = snprintf(buf, n, "%s/awq_fast_dequant/%s", dir, CACHE_FILE_NAME);
+    } else {
+        const char *home = getenv("HOME");
+        r = snprintf(buf, n, "%s/.cache/awq_fast_dequant/%s", home && *home ? home : ".",
+                     CACHE_FILE_NAME);
+    }
+    return r > 0 && (size_t)r < n ? 0 : -1;
+}
+
+/* Warnings go through Python's warnings module, each kind once per
+ * process.  A warning filter that turns them into errors is ignored: the
+ * cache must never fail a call. */
+enum { WARN_LOAD, WARN_SAVE, WARN_CLEAR, WARN_KINDS };
+static int warned[WARN_KINDS];
+
+static void warn_once(int kind, int status, const char *msg)
+{
+    if (status == 0 || msg[0] == '\0' || warned[kind])
+        return;
+    warned[kind] = 1;
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "awq_fast_dequant autotune cache: %s", msg) < 0)
+        PyErr_Clear();
+}
+
+static int autotune_disabled(void)
+{
+    const char *v = getenv("AWQ_FAST_DEQUANT_AUTOTUNE");
+    return v != NULL && (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0);
+}
+
+/* Load the file once (first use after import or reload). */
+static void ensure_loaded(awq_state *st)
+{
+    if (st->table_loaded)
+        return;
+    char warn[1024] = "";
+    int status = 0;
+    st->table_loaded = 1;
+    if (resolve_path(st->cache_file, sizeof st->cache_file) < 0) {
+        st->cache_file[0] = '\0';
+        warn_once(WARN_LOAD, 1, "cache path too long; keeping the cache in memory only");
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = awq_table_load(st->table, st->cache_file, warn, sizeof warn);
+    Py_END_ALLOW_THREADS
+    warn_once(WARN_LOAD, status, warn);
+}
+
+/* ---- keys ---- */
+
+static int device_key(const awq_problem *p, char *buf, size_t n, int *detail)
+{
+    if (p->device < 0) {
+        static char cpu[AWQ_TUNE_DEVICE_LEN];
+        if (cpu[0] == '\0') {
+            struct utsname u;
+            const char *m = uname(&u) == 0 ? u.machine : "unknown";
+            snprintf(cpu, sizeof cpu, "cpu %s %s %dt", m, awq_cpu_simd(), awq_cpu_max_threads());
+        }
+        snprintf(buf, n, "%s", cpu);
+        return 0;
+    }
+    char name[80];
+    int major = 0, minor = 0;
+    awq_status s = awq_cuda_device_identity(p->device, name, sizeof name, &major, &minor, detail);
+    if (s != AWQ_OK)
+        return awq_raise_status(s, *detail, p);
+    /* tabs would break the file format; names never have them, but be sure */
+    for (char *c = name; *c; c++)
+        if ((unsigned char)*c < 0x20)
+            *c = ' ';
+    snprintf(buf, n, "%s sm_%d%d", name, major, minor);
+    return 0;
+}
+
+/* ---- tuning ---- */
+
+static awq_status cuda_time_us(const awq_problem *p, const awq_config *c, float *us, int *detail,
+                               void *ctx)
+{
+    (void)ctx;
+    float ms = 0.0f;
+    /* one warm-up launch, then a handful of timed ones */
+    awq_status s = awq_cuda_time(p, c, 1, 5, &ms, detail);
+    *us = ms * 1000.0f;
+    return s;
+}
+
+#define MAX_CANDIDATES 64
+
+int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, int *detail)
+{
+    awq_state *st = awq_get_state(module);
+    awq_tune_key key;
+    awq_tune_value val;
+    char dev[AWQ_TUNE_DEVICE_LEN];
+
+    if (autotune_disabled())
+        return awq_run(p, cfg);
+    ensure_loaded(st);
+    if (device_key(p, dev, sizeof dev, detail) < 0)
+        return -1;
+    if (awq_tune_key_init(&key, dev, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
+        return awq_run(p, cfg); /* a key the file cannot hold: just run */
+    if (awq_table_get(st->table, &key, &val)) {
+        st->hits++;
+        return awq_run(p, &val.config);
+    }
+    st->misses++;
+
+    if (p->device >= 0) {
+        /* Never time (or synchronize) inside a CUDA graph capture. */
+        int capturing = 0;
+        awq_status s = awq_cuda_stream_capturing(p->device, p->stream, &capturing, detail);
+        if (s != AWQ_OK)
+            return awq_raise_status(s, *detail, p);
+        if (capturing)
+            return awq_run(p, cfg);
+    }
+
+    awq_config cands[MAX_CANDIDATES];
+    int n;
+    awq_status s;
+    if (p->device >= 0) {
+        cands[0] = *cfg; /* the default first: it wins ties */
+        n = 1 + awq_cuda_candidates(p, cands + 1, MAX_CANDIDATES - 1);
+    } else {
+        n = awq_cpu_candidates(p, cands, MAX_CANDIDATES);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    s = awq_tune(p, cands, n, p->device >= 0 ? cuda_time_us : awq_cpu_time, NULL, &val, detail);
+    Py_END_ALLOW_THREADS
+    if (s != AWQ_OK)
+        return awq_raise_status(s, *detail, p);
+    st->tunings++;
+    if (awq_table_put(st->table, &key, &val) == -1)
+        return 0; /* out of memory for the entry: the result is still right */
+
+    if (st->cache_file[0] != '\0') {
+        char warn[1024] = "";
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = awq_table_save(st->table, st->cache_file, warn, sizeof warn);
+        Py_END_ALLOW_THREADS
+        warn_once(WARN_SAVE, status, warn);
+    }
+    return 0;
+}
+
+/* ---- inspection ---- */
+
+PyObject *awq_py_cache_path(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    awq_state *st = awq_get_state(module);
+    if (st->table_loaded && st->cache_file[0])
+        return PyUnicode_DecodeFSDefault(st->cache_file);
+    char buf[4096];
+    if (resolve_path(buf, sizeof buf) < 0) {
+        PyErr_SetString(PyExc_ValueError, "cache path too long");
+        return NULL;
+    }
+    return PyUnicode_DecodeFSDefault(buf);
+}
+
+PyObject *awq_py_cache_entries(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    awq_state *st = awq_get_state(module);
+    ensure_loaded(st);
+    size_t n = awq_table_size(st->table);
+    awq_tune_key *keys = PyMem_Malloc((n + 1) * sizeof *keys);
+    awq_tune_value *vals = PyMem_Malloc((n + 1) * sizeof *vals);
+    PyObject *list = NULL;
+    if (keys == NULL || vals == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    n = awq_table_snapshot(st->table, keys, vals, n);
+    list = PyList_New(0);
+    if (list == NULL)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        const awq_config *c = &vals[i].config;
+        PyObject *d = Py_BuildValue(
+            "{s:s,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:L,s:d}", "device", keys[i].device, "K",
+            (long long)keys[i].K, "N", (long long)keys[i].N, "G", (long long)keys[i].G,
+            "scales_dtype", awq_tune_dtype_name(keys[i].scale_dtype), "out_dtype",
+            awq_tune_dtype_name(keys[i].out_dtype), "kernel", awq_tune_kernel_name(c->kernel),
+            "block_size", c->block_size, "rows", c->rows, "threads", c->threads, "chunk",
+            (long long)c->chunk, "us", (double)vals[i].us);
+        if (d == NULL || PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            Py_CLEAR(list);
+            goto done;
+        }
+        Py_DECREF(d);
+    }
+done:
+    PyMem_Free(keys);
+    PyMem_Free(vals);
+    return list;
+}
+
+PyObject *awq_py_cache_stats(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    awq_state *st = awq_get_state(module);
+    return Py_BuildValue("{s:K,s:K,s:K,s:n}", "hits", st->hits, "misses", st->misses, "tunings",
+                         st->tunings, "entries", (Py_ssize_t)awq_table_size(st->table));
+}
+
+PyObject *awq_py_clear_cache(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    awq_state *st = awq_get_state(module);
+    char warn[1024] = "";
+    int status = 0;
+    if (resolve_path(st->cache_file, sizeof st->cache_file) < 0)
+        st->cache_file[0] = '\0';
+    awq_table_clear(st->table);
+    st->table_loaded = 1; /* nothing to read back: the file is gone */
+    if (st->cache_file[0]) {
+        Py_BEGIN_ALLOW_THREADS
+        status = awq_cache_remove(st->cache_file, warn, sizeof warn);
+        Py_END_ALLOW_THREADS
+        warn_once(WARN_CLEAR, status, warn);
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *awq_py_cache_reload(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    awq_state *st = awq_get_state(module);
+    awq_table_clear(st->table);
+    st->table_loaded = 0;
+    st->hits = st->misses = st->tunings = 0;
+    memset(warned, 0, sizeof warned);
+    Py_RETURN_NONE;
+}
+
+/* Test-only: run a list of operations on a fresh table.
+ *   ("put", device, K, N, G, block_size) -> put's return code
+ *   ("get", device, K, N, G)             -> block_size, or None on a miss
+ *   ("size",)                            -> entries
+ * Returns the list of results. */
+PyObject *awq_py_table_test(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *ops, *results = NULL;
+    if (!PyArg_ParseTuple(args, "O!:_table_test", &PyList_Type, &ops))
+        return NULL;
+    awq_table *t = awq_table_new();
+    if (t == NULL)
+        return PyErr_NoMemory();
+    results = PyList_New(0);
+    if (results == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i), *r = NULL;
+        const char *verb, *dev = "";
+        long long K = 0, N = 0, G = 1;
+        int bs = 0;
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) {
+            PyErr_SetString(PyExc_TypeError, "each operation is a tuple");
+            goto fail;
+        }
+        if (!PyArg_ParseTuple(op, "s|sLLLi:_table_test op", &verb, &dev, &K, &N, &G, &bs))
+            goto fail;
+        awq_tune_key k;
+        awq_tune_value v;
+        memset(&v, 0, sizeof v);
+        if (strcmp(verb, "size") == 0) {
+            r = PyLong_FromSize_t(awq_table_size(t));
+        } else if (awq_tune_key_init(&k, dev, K, N, G, AWQ_F16, AWQ_F16) < 0) {
+            PyErr_Format(PyExc_ValueError, "invalid key in operation %zd", i);
+            goto fail;
+        } else if (strcmp(verb, "put") == 0) {
+            v.config.kernel = AWQ_KERNEL_V4;
+            v.config.block_size = bs;
+            v.us = 1.0f;
+            r = PyLong_FromLong(awq_table_put(t, &k, &v));
+        } else if (strcmp(verb, "get") == 0) {
+            r = awq_table_get(t, &k, &v) ? PyLong_FromLong(v.config.block_size)
+                                         : Py_NewRef(Py_None);
+        } else {
+            PyErr_Format(PyExc_ValueError, "unknown operation %s", verb);
+            goto fail;
+        }
+        if (r == NULL || PyList_Append(results, r) < 0) {
+            Py_XDECREF(r);
+            goto fail;
+        }
+        Py_DECREF(r);
+    }
+    awq_table_free(t);
+    return results;
+fail:
+    Py_XDECREF(results);
+    awq_table_free(t);
+    return NULL;
+}

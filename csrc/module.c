@@ -1,0 +1,194 @@
+/*
+ * module.c -- awq_fast_dequant._C: multi-phase module initialisation,
+ * module state and the method table.  The work lives in dequantize.c,
+ * cache.c, buffers.c and the backends.
+ */
+#define AWQ_MODULE_C
+#include "pyawq.h"
+
+#ifndef AWQ_VERSION
+#define AWQ_VERSION "0+unknown"
+#endif
+
+static PyObject *py_cuda_available(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    int detail = 0;
+    return PyBool_FromLong(awq_cuda_compiled() && awq_cuda_device_count(&detail) > 0);
+}
+
+static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    int detail = 0;
+    return PyLong_FromLong(awq_cuda_compiled() ? awq_cuda_device_count(&detail) : 0);
+}
+
+static PyObject *py_build_info(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *archs = NULL, *res = NULL;
+    const char *a = awq_cuda_archs();
+    archs = PyList_New(0);
+    if (archs == NULL)
+        return NULL;
+    /* "80;90" -> [80, 90] */
+    while (a != NULL && *a) {
+        char *end = NULL;
+        long v = strtol(a, &end, 10);
+        if (end == a)
+            break;
+        PyObject *n = PyLong_FromLong(v);
+        if (n == NULL || PyList_Append(archs, n) < 0) {
+            Py_XDECREF(n);
+            goto done;
+        }
+        Py_DECREF(n);
+        a = *end == ';' ? end + 1 : end;
+    }
+    res = Py_BuildValue(
+        "{s:s,s:s,s:O,s:i,s:O,s:O,s:i,s:s,s:s}", "version", AWQ_VERSION, "compiler",
+#if defined(__clang__)
+        "clang " __clang_version__,
+#elif defined(__GNUC__)
+        "gcc " __VERSION__,
+#else
+        "unknown",
+#endif
+        "openmp", awq_cpu_has_openmp() ? Py_True : Py_False, "cpu_max_threads",
+        awq_cpu_max_threads(), "cuda", awq_cuda_compiled() ? Py_True : Py_False, "cuda_archs",
+        archs, "cuda_runtime_version", awq_cuda_runtime_version(), "cpu_simd", awq_cpu_simd(),
+        "numpy_api", NPY_FEATURE_VERSION_STRING);
+done:
+    Py_DECREF(archs);
+    return res;
+}
+
+/* The package registers the callable that allocates outputs for
+ * frameworks without the DLPack C exchange API. */
+static PyObject *py_set_allocator(PyObject *module, PyObject *fn)
+{
+    awq_state *st = awq_get_state(module);
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "allocator must be callable");
+        return NULL;
+    }
+    Py_XSETREF(st->allocator, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef awq_methods[] = {
+    {"dequantize", (PyCFunction)(void (*)(void))awq_py_dequantize, METH_FASTCALL,
+     "dequantize(qweight, qzeros, scales, group_size, out, out_dtype, kernel, block_size, "
+     "stream)\n--\n\nPositional core of awq_fast_dequant.dequantize."},
+    {"smart_dequantize", (PyCFunction)(void (*)(void))awq_py_smart_dequantize, METH_FASTCALL,
+     "smart_dequantize(qweight, qzeros, scales, group_size, out, out_dtype, stream)\n--\n\n"
+     "Positional core of awq_fast_dequant.smart_dequantize."},
+    {"cuda_available", py_cuda_available, METH_NOARGS,
+     "True when the CUDA backend is compiled in and a CUDA device is usable."},
+    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},
+    {"build_info", py_build_info, METH_NOARGS, "What was compiled in."},
+    {"_set_allocator", py_set_allocator, METH_O, "Register the output allocator."},
+    {"cache_path", awq_py_cache_path, METH_NOARGS, "Path of the autotune cache file."},
+    {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
+    {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},
+    {"clear_cache", awq_py_clear_cache, METH_NOARGS, "Empty the autotune cache and its file."},
+    {"_cache_reload", awq_py_cache_reload, METH_NOARGS,
+     "Forget the in-memory table and re-read the cache file on next use (tests)."},
+    {"_table_test", awq_py_table_test, METH_VARARGS, "Test-only entry to the C hash table."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot == NULL ? -1 : 0;
+}
+
+static int awq_exec(PyObject *module)
+{
+    awq_state *st = awq_get_state(module);
+    if (PyArray_ImportNumPyAPI() < 0)
+        return -1;
+    if (intern(&st->str_dlpack, "__dlpack__") < 0 ||
+        intern(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
+        intern(&st->str_max_version, "max_version") < 0 || intern(&st->str_stream, "stream") < 0 ||
+        intern(&st->str_cuda_stream, "cuda_stream") < 0 || intern(&st->str_ptr, "ptr") < 0)
+        return -1;
+    st->max_version = Py_BuildValue("(ii)", AWQ_DLPACK_MAJOR, AWQ_DLPACK_MINOR);
+    if (st->max_version == NULL)
+        return -1;
+    st->table = awq_table_new();
+    if (st->table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyModule_AddStringConstant(module, "__version__", AWQ_VERSION) < 0)
+        return -1;
+    return 0;
+}
+
+static int awq_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    awq_state *st = awq_get_state(module);
+    if (st == NULL)
+        return 0;
+    Py_VISIT(st->allocator);
+    for (int i = 0; i < st->api_cache_len; i++)
+        Py_VISIT(st->api_cache[i].type);
+    return 0;
+}
+
+static int awq_clear(PyObject *module)
+{
+    awq_state *st = awq_get_state(module);
+    if (st == NULL)
+        return 0;
+    Py_CLEAR(st->allocator);
+    for (int i = 0; i < st->api_cache_len; i++)
+        Py_CLEAR(st->api_cache[i].type);
+    st->api_cache_len = 0;
+    Py_CLEAR(st->str_dlpack);
+    Py_CLEAR(st->str_dlpack_device);
+    Py_CLEAR(st->str_max_version);
+    Py_CLEAR(st->str_stream);
+    Py_CLEAR(st->str_cuda_stream);
+    Py_CLEAR(st->str_ptr);
+    Py_CLEAR(st->max_version);
+    return 0;
+}
+
+static void awq_free(void *module)
+{
+    awq_state *st = awq_get_state((PyObject *)module);
+    awq_clear((PyObject *)module);
+    if (st != NULL && st->table != NULL) {
+        awq_table_free(st->table);
+        st->table = NULL;
+    }
+}
+
+static PyModuleDef_Slot awq_slots[] = {
+    {Py_mod_exec, (void *)awq_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef awq_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "awq_fast_dequant._C",
+    .m_doc = "C core of awq_fast_dequant: AWQ 4-bit dequantization on CPU and CUDA.",
+    .m_size = sizeof(awq_state),
+    .m_methods = awq_methods,
+    .m_slots = awq_slots,
+    .m_traverse = awq_traverse,
+    .m_clear = awq_clear,
+    .m_free = awq_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&awq_module); }

@@ -1,0 +1,204 @@
+"""Build of awq_fast_dequant._C (metadata lives in pyproject.toml).
+
+The extension is plain C against the CPython and NumPy C APIs.  When nvcc
+is found, csrc/*.cu is compiled ahead of time into objects that are linked
+into the same extension with the CUDA runtime linked statically; otherwise
+csrc/cuda_stub.c stands in and the build is CPU-only.
+
+Build knobs (environment variables):
+  AWQ_FAST_DEQUANT_NO_CUDA=1        CPU-only build even when nvcc exists
+  AWQ_FAST_DEQUANT_CUDA_ARCHS="80;90"  cubins to build (default: every one of
+                                    75;80;86;89;90;100;120 that nvcc supports),
+                                    plus PTX for the newest
+  NVCC, CUDA_HOME / CUDA_PATH       where to find nvcc (then PATH, then /usr/local/cuda)
+  AWQ_FAST_DEQUANT_DEBUG=1          -O0 -g, host and device
+  AWQ_FAST_DEQUANT_WERROR=1         warnings are errors (CI)
+  AWQ_FAST_DEQUANT_SANITIZE=address build the C code with a sanitizer
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
+WANTED_ARCHS = [75, 80, 86, 89, 90, 100, 120]
+
+
+def env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def read_version():
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        m = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+    if not m:
+        raise RuntimeError("no version in pyproject.toml")
+    return m.group(1)
+
+
+def log(msg):
+    print(f"awq_fast_dequant build: {msg}", file=sys.stderr, flush=True)
+
+
+def find_nvcc():
+    """NVCC, then CUDA_HOME/CUDA_PATH, then PATH, then /usr/local/cuda."""
+    candidates = [os.environ.get("NVCC")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], "bin", "nvcc"))
+    candidates.append(shutil.which("nvcc"))
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.realpath(c)
+    return None
+
+
+def cuda_home_of(nvcc):
+    """The toolkit folder; nvcc may be a wrapper script, so ask it (TOP=...)."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = os.path.join(tmp, "probe.cu")
+            open(probe, "w").close()
+            out = subprocess.run([nvcc, "--dryrun", "-c", probe, "-o", probe + ".o"],
+                                 capture_output=True, text=True, timeout=60)
+        m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
+        if m:
+            return os.path.realpath(m.group(1).strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.path.dirname(os.path.dirname(nvcc))
+
+
+def cuda_lib_dir(home):
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"),
+                os.path.join("targets", "sbsa-linux", "lib")):
+        d = os.path.join(home, sub)
+        if os.path.isfile(os.path.join(d, "libcudart_static.a")):
+            return d
+    return None
+
+
+def supported_archs(nvcc):
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return sorted({int(m) for m in re.findall(r"sm_(\d+)\b", out)})
+
+
+def choose_archs(nvcc):
+    override = os.environ.get("AWQ_FAST_DEQUANT_CUDA_ARCHS", "").strip()
+    if override:
+        archs = [int(a) for a in re.split(r"[;, ]+", override) if a]
+        log(f"CUDA architectures from AWQ_FAST_DEQUANT_CUDA_ARCHS: {archs}")
+        return archs
+    have = supported_archs(nvcc)
+    return [a for a in WANTED_ARCHS if a in have]
+
+
+class BuildExt(build_ext):
+    """Compile csrc/*.cu with nvcc first, then the C sources as usual."""
+
+    def build_extensions(self):
+        ext = self.extensions[0]
+        openmp = self._has_openmp()
+        if openmp:
+            ext.extra_compile_args.append("-fopenmp")
+            ext.extra_link_args.append("-fopenmp")
+        log(f"OpenMP {'enabled' if openmp else 'not available: single-threaded CPU path'}")
+
+        nvcc = None if env_flag("AWQ_FAST_DEQUANT_NO_CUDA") else find_nvcc()
+        libdir = cuda_lib_dir(cuda_home_of(nvcc)) if nvcc else None
+        archs = choose_archs(nvcc) if nvcc else []
+        if nvcc and libdir and archs:
+            log(f"CUDA build with {nvcc}, architectures {archs}")
+            ext.sources = [s for s in ext.sources if not s.endswith("cuda_stub.c")]
+            ext.extra_objects += self._compile_cuda(nvcc, archs)
+            ext.library_dirs.append(libdir)
+            ext.libraries += ["cudart_static", "stdc++", "dl", "rt", "pthread"]
+        else:
+            why = ("AWQ_FAST_DEQUANT_NO_CUDA is set" if env_flag("AWQ_FAST_DEQUANT_NO_CUDA")
+                   else "nvcc not found" if not nvcc
+                   else "libcudart_static.a not found" if not libdir
+                   else "no supported architecture")
+            log(f"CPU-only build ({why}); CUDA tensors will raise RuntimeError")
+        super().build_extensions()
+
+    def _has_openmp(self):
+        src = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "omp_probe.c")
+            with open(path, "w") as f:
+                f.write(src)
+            try:
+                objs = self.compiler.compile([path], output_dir=tmp, extra_postargs=["-fopenmp"])
+                self.compiler.link_executable(objs, "omp_probe", output_dir=tmp,
+                                              extra_postargs=["-fopenmp"])
+                return True
+            except Exception:  # any compile or link failure means "no OpenMP"
+                return False
+
+    def _compile_cuda(self, nvcc, archs):
+        debug = env_flag("AWQ_FAST_DEQUANT_DEBUG")
+        out_dir = os.path.join(self.build_temp, "cuda")
+        os.makedirs(out_dir, exist_ok=True)
+        gencode = []
+        for a in archs:
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        newest = max(archs)
+        gencode += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
+        arch_list = ";".join(str(a) for a in archs)
+        objects = []
+        for name in sorted(os.listdir(CSRC)):
+            if not name.endswith(".cu"):
+                continue
+            src = os.path.join(CSRC, name)
+            obj = os.path.join(out_dir, name[:-3] + ".o")
+            cmd = [nvcc, "-c", src, "-o", obj, "-std=c++17", "-I", CSRC,
+                   "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+                   f'-DAWQ_CUDA_ARCHS="{arch_list}"', *gencode]
+            cmd += ["-O0", "-g", "-G"] if debug else ["-O3", "-lineinfo"]
+            if env_flag("AWQ_FAST_DEQUANT_WERROR"):
+                cmd += ["-Werror", "all-warnings"]
+            log(" ".join(cmd))
+            subprocess.run(cmd, check=True)
+            objects.append(obj)
+        return objects
+
+
+def extension():
+    debug = env_flag("AWQ_FAST_DEQUANT_DEBUG")
+    cflags = ["-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter",
+              "-Wno-missing-field-initializers"]
+    cflags += ["-O0", "-g"] if debug else ["-O3"]
+    ldflags = []
+    if env_flag("AWQ_FAST_DEQUANT_WERROR"):
+        cflags.append("-Werror")
+    sanitize = os.environ.get("AWQ_FAST_DEQUANT_SANITIZE", "").strip()
+    if sanitize:
+        cflags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
+        ldflags.append(f"-fsanitize={sanitize}")
+    sources = ["module.c", "dequantize.c", "buffers.c", "cache.c", "autotune.c",
+               "dequant_cpu.c", "cuda_stub.c"]
+    return Extension(
+        "awq_fast_dequant._C",
+        sources=[os.path.join("csrc", s) for s in sources],
+        include_dirs=[CSRC, numpy.get_include()],
+        define_macros=[("AWQ_VERSION", f'"{read_version()}"')],
+        extra_compile_args=cflags,
+        extra_link_args=ldflags,
+        depends=[os.path.join("csrc", h) for h in os.listdir(CSRC) if h.endswith((".h", ".cu"))],
+    )
+
+
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt})
