@@ -1,0 +1,176 @@
+/*
+ * autotune.h -- the autotune cache: candidate timing, an in-memory hash
+ * table of tuned launch configurations, and its on-disk persistence.
+ *
+ * Pure C (C11 + POSIX): no Python here.  Every function may be called
+ * without the GIL; the table is guarded by its own mutex.
+ *
+ * On-disk format (DESIGN.md section 5), one UTF-8/ASCII text file:
+ *
+ *   # awq_fast_dequant autotune cache v1
+ *   # One tuned launch configuration per line, fields separated by one tab:
+ *   # device  K  N  G  scales  out  kernel  block_size  rows  threads  chunk  us
+ *   # 0 means "the kernel's default"; us is the measured time in microseconds.
+ *   NVIDIA H200 sm_90<TAB>4096<TAB>14336<TAB>128<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>41.37
+ *
+ * The first line names the format version; a file of another version is
+ * never read (and a newer one is never overwritten).  Lines starting with
+ * '#' are comments, empty lines are skipped, every other line is an entry
+ * of exactly 12 fields:
+ *   device      1..95 bytes, no tab / control character, not starting with '#'
+ *   K, N, G     decimal, K >= 0, N >= 0 and a multiple of 8, G >= 1,
+ *               G divides K (unless K == 0)
+ *   scales, out float16 | bfloat16 | float32
+ *   kernel      v1 | v2 | v3 | v4 | cpu
+ *   block_size  0, or a multiple of 32 in [32, 1024]
+ *   rows, threads, chunk   decimal >= 0
+ *   us          a finite decimal >= 0 (C locale)
+ * A line that breaks any rule (including a last line without its newline,
+ * which may have been cut short) is skipped and counted.
+ */
+#ifndef AWQ_AUTOTUNE_H
+#define AWQ_AUTOTUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "awq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The format version written in the header line; the one place it lives. */
+#define AWQ_TUNE_FORMAT_VERSION 1
+
+/* Size of awq_tune_key.device, terminating NUL included. */
+#define AWQ_TUNE_DEVICE_LEN 96
+
+typedef struct {
+    /* Device identity, e.g. "NVIDIA H200 sm_90" or "cpu x86_64 2t".
+     * NUL-terminated inside the field; no tab, newline or other control
+     * character; must not start with '#'.  The caller builds it. */
+    char device[AWQ_TUNE_DEVICE_LEN];
+    int64_t K, N, G;
+    awq_dtype scale_dtype, out_dtype;
+} awq_tune_key;
+
+typedef struct {
+    awq_config config; /* kernel is one of V1..V4 or CPU, never AUTO */
+    float us;          /* measured time of the chosen config, microseconds */
+} awq_tune_value;
+
+typedef struct awq_table awq_table;
+
+/* ---- keys, values and names -------------------------------------------- */
+
+/* Zero-fills *k and sets its fields.  Returns 0, or -1 (and leaves *k
+ * zeroed) when the device string does not fit or the key is not valid. */
+int awq_tune_key_init(awq_tune_key *k, const char *device, int64_t K, int64_t N, int64_t G,
+                      awq_dtype scale_dtype, awq_dtype out_dtype);
+
+/* 1 when the key / value obeys the rules of the file format above. */
+int awq_tune_key_valid(const awq_tune_key *k);
+int awq_tune_value_valid(const awq_tune_value *v);
+
+/* "float16" / "bfloat16" / "float32"; "auto" / "v1".."v4" / "cpu".
+ * NULL for an out-of-range id.  Static storage. */
+const char *awq_tune_dtype_name(int dtype);
+const char *awq_tune_kernel_name(int kernel);
+/* Exact-name parsers: 0 and *out set, or -1. */
+int awq_tune_parse_dtype(const char *name, awq_dtype *out);
+int awq_tune_parse_kernel(const char *name, awq_kernel *out);
+
+/* ---- the in-memory table ------------------------------------------------ */
+
+awq_table *awq_table_new(void); /* NULL on OOM */
+void awq_table_free(awq_table *t); /* NULL is fine */
+
+/* 1 hit (*v filled when v is not NULL), 0 miss.  Never allocates. */
+int awq_table_get(awq_table *t, const awq_tune_key *k, awq_tune_value *v);
+
+/* Insert or update.  0 ok, -1 out of memory (the table is unchanged),
+ * -2 invalid key or value (see awq_tune_key_valid / awq_tune_value_valid). */
+int awq_table_put(awq_table *t, const awq_tune_key *k, const awq_tune_value *v);
+
+size_t awq_table_size(awq_table *t);
+
+/* Drops every entry and gives the memory of a grown table back. */
+void awq_table_clear(awq_table *t);
+
+/* Copies up to cap entries (in no particular order) into keys[] / vals[]
+ * (either may be NULL); returns how many were copied. */
+size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals, size_t cap);
+
+/* Lookups since awq_table_new (not reset by clear). */
+void awq_table_counters(awq_table *t, uint64_t *hits, uint64_t *misses);
+
+/* ---- persistence ---------------------------------------------------------
+ * Every function below returns 0 when all went fine and 1 when it wrote a
+ * human-readable warning into warn (warn_len bytes, always NUL-terminated;
+ * "" when there is none; warn may be NULL).  Nothing is ever fatal and the
+ * in-memory table is never lost. */
+
+/* Merges the valid entries of the file into t.  A key t already holds is
+ * kept as it is (memory is at least as new as the file); among duplicate
+ * lines of the file the last one wins.  A missing file is the normal first
+ * run: no entries, no warning.  Warns (one message) about: an empty file,
+ * an unrecognised first line, a newer format version, an unreadable path,
+ * and "ignored N malformed lines in PATH".  Takes no lock: save replaces
+ * the file atomically, so a reader sees the old or the new file. */
+int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len);
+
+/* Creates the folder when missing, takes flock(LOCK_EX) on PATH.lock,
+ * re-reads PATH and merges its entries into t for keys t lacks (ours win),
+ * writes every entry to PATH.tmp.<pid>.<random> in the same folder, fsyncs,
+ * renames it over PATH, fsyncs the folder, unlocks.  Leftover temp files of
+ * crashed writers are removed under the lock.  A file this build cannot
+ * merge (newer version, unreadable, not a regular file) is left untouched.
+ * On any failure the temp file is removed and a warning written. */
+int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len);
+
+/* Removes PATH under the same lock (for clear_cache).  Missing: fine. */
+int awq_cache_remove(const char *path, char *warn, size_t warn_len);
+
+/* ---- tuning ------------------------------------------------------------- */
+
+/* Times one configuration: *us receives its time in microseconds.  Return
+ * AWQ_ERR_CONFIG when the configuration is not valid for this problem (the
+ * tuner skips it); any other error stops the tuning.  Returning AWQ_OK
+ * means p->out now holds the complete, correct result. */
+typedef awq_status (*awq_time_fn)(const awq_problem *p, const awq_config *c, float *us,
+                                  int *detail, void *ctx);
+
+/* Times every candidate, in order, and keeps the fastest (the first of equal
+ * times, so put the default first).  Candidates answering AWQ_ERR_CONFIG or a
+ * non-finite time are skipped; any other error is returned at once with its
+ * *detail.  AWQ_ERR_CONFIG when no candidate could run.  On AWQ_OK *best is
+ * set and p->out holds the result of the last successful run (every
+ * configuration writes the same bits). */
+awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
+                    void *ctx, awq_tune_value *best, int *detail);
+
+/* CPU search space: the backend default (threads = chunk = 0) first, then
+ * threads in {1, 2, 4, ... < max, max} (max = awq_cpu_max_threads()) times
+ * chunk in {8, 32, 128, 512} rows, without chunks past the one that already
+ * covers K and without more threads than work items.  Returns how many
+ * were written (at most cap). */
+int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
+
+/* Optional ctx of awq_cpu_time (NULL: warmup 1, runs 3, budget_us 20000). */
+typedef struct {
+    int warmup;       /* untimed runs first */
+    int runs;         /* timed runs; the best one is reported */
+    double budget_us; /* stop timing early once the timed runs took this long (0: never) */
+} awq_cpu_timing;
+
+/* An awq_time_fn: runs awq_cpu_dequantize, timed with CLOCK_MONOTONIC,
+ * best of a few runs.  *detail is set to 0. */
+awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
+                        void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AWQ_AUTOTUNE_H */
