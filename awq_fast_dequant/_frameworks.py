@@ -15,7 +15,7 @@ def _module_of(obj_or_type) -> str:
     return (tp.__module__ or "").split(".", 1)[0]
 
 
-def _numpy_dtype(name: str):
+def numpy_dtype(name: str):
     if name == "bfloat16":
         try:
             import ml_dtypes
@@ -43,7 +43,7 @@ def allocate(like, device_type: int, device_id: int, K: int, N: int, dtype: str)
         with cupy.cuda.Device(device_id):
             return cupy.empty((K, N), dtype=dtype)
     if device_type == _KDLCPU:
-        return np.empty((K, N), dtype=_numpy_dtype(dtype))
+        return np.empty((K, N), dtype=numpy_dtype(dtype))
     raise TypeError(
         f"cannot allocate a CUDA result for {type(like).__module__}.{type(like).__name__} "
         "inputs; pass out= (a torch or CuPy array on the same device)")

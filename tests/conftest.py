@@ -1,0 +1,46 @@
+"""Shared helpers: random AWQ problems in NumPy, and dtype plumbing."""
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def np_dtype(name):
+    if name == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def random_words(rng, shape, dtype=np.int32):
+    """Every bit pattern is a valid packed word: draw all 32 bits."""
+    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(dtype)
+
+
+def make_problem(rng, K, N, G, scale_dtype="float16", word_dtype=np.int32, specials=True):
+    """qweight, qzeros, scales for a [K, N] layer with group size G.
+
+    Scales span several binades, both signs, and (with specials) NaN, +-Inf
+    and +-0, so that rounding, sign of zero and NaN propagation are exercised."""
+    qw = random_words(rng, (K, N // 8), word_dtype)
+    qz = random_words(rng, (K // G if G else 0, N // 8), word_dtype)
+    sc = (rng.standard_normal((qz.shape[0], N)) * np.exp2(rng.integers(-12, 8, (qz.shape[0], N))))
+    sc = sc.astype(np.float32)
+    if specials and sc.size >= 6:
+        flat = sc.reshape(-1)
+        idx = rng.choice(flat.size, size=6, replace=False)
+        flat[idx] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0]
+    return qw, qz, sc.astype(np_dtype(scale_dtype))
+
+
+@pytest.fixture
+def rng(request):
+    # a fresh, reproducible stream per test
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+def bits(a):
+    return awq.reference.to_bits(a)

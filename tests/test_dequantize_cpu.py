@@ -1,0 +1,113 @@
+"""The CPU backend against the NumPy reference, bit for bit."""
+
+import os
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+from awq_fast_dequant import reference
+
+from conftest import DTYPES, make_problem, np_dtype
+
+PAIRS = [(s, o) for s in DTYPES for o in DTYPES]
+
+
+def _sweep():
+    for G in (32, 64, 128):
+        for mult in (1, 2, 7):
+            yield G * mult, G
+    for K in (8, 96, 200):  # G = K: one group, per-channel scales
+        yield K, K
+
+
+@pytest.mark.parametrize("scale_dtype,out_dtype", PAIRS)
+def test_sweep_bitexact(rng, scale_dtype, out_dtype):
+    for K, G in _sweep():
+        for N in (8, 16, 136, 4104):
+            qw, qz, sc = make_problem(rng, K, N, G, scale_dtype)
+            got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
+            assert got.shape == (K, N) and got.dtype == np_dtype(out_dtype)
+            reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("scale_dtype,out_dtype", PAIRS)
+def test_scalar_path_bitexact(rng, monkeypatch, scale_dtype, out_dtype):
+    """The portable path (taken where AVX2/F16C is missing) gives the same bits."""
+    monkeypatch.setenv("AWQ_FAST_DEQUANT_CPU_SCALAR", "1")
+    qw, qz, sc = make_problem(rng, 256, 136, 64, scale_dtype)
+    got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
+    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+
+
+def test_every_half_scale():
+    """All 65536 float16 bit patterns as scales, times every q - z in -15..15."""
+    diffs = np.arange(-15, 16)
+    q, z = np.maximum(diffs, 0), np.maximum(-diffs, 0)
+    splat = lambda v: np.uint32(int(v) * 0x11111111)  # the nibble v in all 8 places
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    N = halves.size
+    qw = np.array([[splat(v)] * (N // 8) for v in q], np.uint32)
+    qz = np.array([[splat(v)] * (N // 8) for v in z], np.uint32)
+    sc = np.tile(halves, (len(diffs), 1))  # group size 1: row k has its own scales
+    for out_dtype in DTYPES:
+        np_dtype(out_dtype)
+        got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
+        reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+
+
+def test_uint32_and_int32_agree(rng):
+    qw, qz, sc = make_problem(rng, 128, 64, 32, word_dtype=np.uint32)
+    a = awq.dequantize(qw, qz, sc)
+    b = awq.dequantize(qw.view(np.int32), qz.view(np.int32), sc)
+    reference.assert_bitexact(a, b)
+    reference.assert_bitexact(a, reference.dequantize(qw, qz, sc))
+
+
+def test_group_size_forms(rng):
+    qw, qz, sc = make_problem(rng, 128, 32, 128)
+    expect = reference.dequantize(qw, qz, sc)
+    for g in (None, 128, -1):
+        reference.assert_bitexact(awq.dequantize(qw, qz, sc, group_size=g), expect)
+
+
+@pytest.mark.parametrize("K,N", [(0, 16), (64, 0), (0, 0)])
+def test_zero_size(K, N):
+    qw = np.zeros((K, N // 8), np.int32)
+    qz = np.zeros((K // 32 if K else 0, N // 8), np.int32)
+    sc = np.zeros((qz.shape[0], N), np.float16)
+    got = awq.dequantize(qw, qz, sc, group_size=32)
+    assert got.shape == (K, N) and got.dtype == np.float16
+
+
+def test_out_is_returned_and_written(rng):
+    qw, qz, sc = make_problem(rng, 64, 24, 32)
+    out = np.full((64, 24), np.nan, np.float32)
+    res = awq.dequantize(qw, qz, sc, out=out, out_dtype="float32")
+    assert res is out
+    reference.assert_bitexact(out, reference.dequantize(qw, qz, sc, out_dtype="float32"))
+
+
+@pytest.mark.parametrize("spelling", ["float32", np.float32, np.dtype("float32"), "fp32"])
+def test_out_dtype_spellings(rng, spelling):
+    qw, qz, sc = make_problem(rng, 32, 8, 32)
+    assert awq.dequantize(qw, qz, sc, out_dtype=spelling).dtype == np.float32
+
+
+def test_kernel_cpu_explicit(rng):
+    qw, qz, sc = make_problem(rng, 64, 16, 32)
+    reference.assert_bitexact(awq.dequantize(qw, qz, sc, kernel="cpu"),
+                              reference.dequantize(qw, qz, sc))
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements_cpu():
+    """K * N > 2^31: 64-bit index math on the host (needs ~7 GB of memory)."""
+    K, N, G = 2**16 + 128, 2**15 + 8, 128
+    rng = np.random.default_rng(1)
+    qw, qz, sc = make_problem(rng, K, N, G, specials=False)
+    out = awq.dequantize(qw, qz, sc)
+    for k in (0, K // 2, K - 1):
+        rows = slice(k - k % G, k - k % G + G)
+        reference.assert_bitexact(out[rows], reference.dequantize(qw[rows], qz[k // G:k // G + 1],
+                                                                  sc[k // G:k // G + 1]))

@@ -1,0 +1,91 @@
+"""Resource hygiene and concurrency: no reference or memory growth over many
+calls (including failing ones), and correct results from concurrent threads."""
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+from awq_fast_dequant import reference
+
+from conftest import make_problem
+
+
+def _rss_kib():
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import resource
+    return pages * resource.getpagesize() // 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_no_leaks_over_10000_calls(rng):
+    qw, qz, sc = make_problem(rng, 64, 64, 32)
+    out = np.empty((64, 64), np.float16)
+    bad_out = np.empty((64, 64), np.float32)
+    objs = (qw, qz, sc, out, bad_out)
+
+    def run(n):
+        for _ in range(n):
+            awq.dequantize(qw, qz, sc, out=out)
+            awq.dequantize(qw, qz, sc)  # allocating
+            try:
+                awq.dequantize(qw, qz, sc, out=bad_out)  # rejected
+            except TypeError:
+                pass
+
+    run(200)
+    gc.collect()
+    refs = [sys.getrefcount(o) for o in objs]
+    rss = _rss_kib()
+    run(10_000)
+    gc.collect()
+    assert [sys.getrefcount(o) for o in objs] == refs
+    grown = _rss_kib() - rss
+    # 30,000 calls; a leak of even one 8 KiB output per call would be ~80 MB
+    assert grown < 4096, f"RSS grew by {grown} KiB"
+
+
+def test_no_leaks_through_dlpack(rng):
+    torch = pytest.importorskip("torch")
+    qw, qz, sc = make_problem(rng, 64, 64, 32)
+    t = [torch.from_numpy(a) for a in (qw, qz, sc)]
+    for _ in range(100):
+        awq.dequantize(*t)
+    gc.collect()
+    refs = [sys.getrefcount(x) for x in t]
+    rss = _rss_kib()
+    for _ in range(10_000):
+        awq.dequantize(*t)
+    gc.collect()
+    assert [sys.getrefcount(x) for x in t] == refs
+    assert _rss_kib() - rss < 4096
+
+
+def test_four_threads_at_once(rng):
+    """The GIL is released while the CPU computes: threads overlap and each
+    gets its own right answer."""
+    problems = [make_problem(rng, 512, 1024, 128) for _ in range(4)]
+    expected = [reference.dequantize(*p) for p in problems]
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        try:
+            out = np.empty((512, 1024), np.float16)
+            barrier.wait()
+            for _ in range(20):
+                awq.dequantize(*problems[i], out=out)
+                reference.assert_bitexact(out, expected[i])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
