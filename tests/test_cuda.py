@@ -1,0 +1,226 @@
+"""The CUDA backend: every kernel against the NumPy reference, streams,
+graphs, devices, frameworks.  Skipped without a usable GPU."""
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+from awq_fast_dequant import reference
+
+from conftest import DTYPES, make_problem
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")]
+
+torch = pytest.importorskip("torch") if awq.cuda_available() else None
+KERNELS = ("v1", "v2", "v3", "v4", "auto")
+PAIRS = [(s, o) for s in DTYPES for o in DTYPES]
+
+
+def to_cuda(rng, K, N, G, scale_dtype, device="cuda"):
+    qw, qz, sc = make_problem(rng, K, N, G, "float32")
+    t = (torch.from_numpy(qw).to(device), torch.from_numpy(qz).to(device),
+         torch.from_numpy(sc).to(device, getattr(torch, scale_dtype)))
+    return t
+
+
+def check(got, qw, qz, sc, out_dtype=None):
+    torch.cuda.synchronize()
+    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+
+
+def _shapes():
+    for G in (32, 128):
+        for K in (G, 7 * G):
+            for N in (8, 136, 4104):
+                yield K, N, G
+    for K in (8, 200):  # G = K
+        for N in (8, 136, 4104):
+            yield K, N, K
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("scale_dtype,out_dtype", PAIRS)
+def test_kernels_bitexact(rng, kernel, scale_dtype, out_dtype):
+    for K, N, G in _shapes():
+        qw, qz, sc = to_cuda(rng, K, N, G, scale_dtype)
+        got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype, kernel=kernel)
+        assert got.is_cuda and got.dtype == getattr(torch, out_dtype) and got.shape == (K, N)
+        check(got, qw, qz, sc, out_dtype)
+
+
+@pytest.mark.parametrize("kernel", ["v3", "v4"])
+@pytest.mark.parametrize("block_size", [32, 64, 128, 256, 512, 1024])
+def test_block_sizes(rng, kernel, block_size):
+    qw, qz, sc = to_cuda(rng, 7 * 128, 4104, 128, "float16")
+    got = awq.dequantize(qw, qz, sc, kernel=kernel, block_size=block_size)
+    check(got, qw, qz, sc)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_misaligned_pointers(rng, kernel, offset):
+    """Views at element offsets that break 16-byte alignment take the scalar path."""
+    K, N, G = 256, 136, 64
+    qw, qz, sc = to_cuda(rng, K, N, G, "float16")
+
+    def shifted(t):
+        flat = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+        view = flat[offset:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    qw2, qz2, sc2 = shifted(qw), shifted(qz), shifted(sc)
+    out_flat = torch.full((K * N + offset,), 7.0, dtype=torch.float16, device="cuda")
+    out = out_flat[offset:].view(K, N)
+    awq.dequantize(qw2, qz2, sc2, out=out, kernel=kernel)
+    check(out, qw, qz, sc)
+    assert (out_flat[:offset] == 7).all()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_zero_size(kernel):
+    for K, N in ((0, 16), (64, 0)):
+        qw = torch.zeros((K, N // 8), dtype=torch.int32, device="cuda")
+        qz = torch.zeros((K // 32, N // 8), dtype=torch.int32, device="cuda")
+        sc = torch.zeros((K // 32, N), dtype=torch.float16, device="cuda")
+        got = awq.dequantize(qw, qz, sc, group_size=32, kernel=kernel)
+        assert got.shape == (K, N) and got.is_cuda
+
+
+def test_more_than_2_31_elements():
+    """K * N > 2^31 (and the byte offsets > 2^32): 64-bit index math."""
+    K, N, G = 32768, 65544, 128
+    assert K * N > 2**31
+    g = torch.Generator(device="cuda").manual_seed(3)
+    qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda",
+                       generator=g)
+    qz = torch.randint(-2**31, 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda",
+                       generator=g)
+    sc = torch.randn((K // G, N), device="cuda", generator=g).half()
+    out = torch.empty((K, N), dtype=torch.float16, device="cuda")
+    for kernel in KERNELS:
+        out.fill_(float("nan"))
+        awq.dequantize(qw, qz, sc, out=out, kernel=kernel)
+        torch.cuda.synchronize()
+        for grp in (0, K // G // 2, K // G - 1):
+            rows = slice(grp * G, grp * G + G)
+            expect = reference.dequantize(qw[rows].cpu(), qz[grp:grp + 1].cpu(),
+                                          sc[grp:grp + 1].cpu())
+            reference.assert_bitexact(out[rows], expect)
+        # nothing left unwritten anywhere (the NaN poison is gone)
+        assert not torch.isnan(out).any().item() or torch.isnan(sc).any().item()
+
+
+def test_side_stream_ordering(rng):
+    """Inputs produced on a side stream are consumed after they are ready,
+    whether the stream comes from the context or the argument."""
+    K, N, G = 1024, 4096, 128
+    qw, qz, sc = make_problem(rng, K, N, G, "float16", specials=False)
+    expect = reference.dequantize(qw, qz, sc)
+    host = [torch.from_numpy(a).pin_memory() for a in (qw, qz, sc)]
+    for mode in ("context", "argument"):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            dev = [torch.empty_like(h, device="cuda") for h in host]
+            torch.cuda._sleep(50_000_000)  # the copies land well after the launch is queued
+            for d, h in zip(dev, host):
+                d.copy_(h, non_blocking=True)
+            if mode == "context":
+                got = awq.dequantize(*dev)
+        if mode == "argument":
+            got = torch.empty((K, N), dtype=torch.float16, device="cuda")
+            awq.dequantize(*dev, out=got, stream=s)
+        s.synchronize()
+        reference.assert_bitexact(got, expect)
+
+
+def test_explicit_stream_handshake(rng):
+    """stream= that differs from torch's current stream: the inputs written on
+    the current stream are waited for (DLPack handshake)."""
+    K, N, G = 1024, 4096, 128
+    qw, qz, sc = make_problem(rng, K, N, G, "float16", specials=False)
+    expect = reference.dequantize(qw, qz, sc)
+    host = [torch.from_numpy(a).pin_memory() for a in (qw, qz, sc)]
+    dev = [torch.empty_like(h, device="cuda") for h in host]
+    torch.cuda._sleep(50_000_000)
+    for d, h in zip(dev, host):
+        d.copy_(h, non_blocking=True)  # on the current (default) stream
+    s = torch.cuda.Stream()
+    out = torch.empty((K, N), dtype=torch.float16, device="cuda")
+    awq.dequantize(*dev, out=out, stream=s)
+    s.synchronize()
+    reference.assert_bitexact(out, expect)
+
+
+def test_cuda_graph_capture_and_replay(rng):
+    K, N, G = 512, 1024, 128
+    qw, qz, sc = to_cuda(rng, K, N, G, "float16")
+    out = torch.empty((K, N), dtype=torch.float16, device="cuda")
+    awq.dequantize(qw, qz, sc, out=out)  # warm-up outside capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        awq.dequantize(qw, qz, sc, out=out)
+    for _ in range(2):
+        new = to_cuda(rng, K, N, G, "float16")
+        for dst, src in zip((qw, qz, sc), new):
+            dst.copy_(src)
+        out.fill_(0)
+        graph.replay()
+        check(out, *new)
+
+
+def test_cuda_errors_are_runtime_errors_not_crashes(rng):
+    qw, qz, sc = to_cuda(rng, 64, 64, 32, "float16")
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        awq.dequantize(qw, qz, sc.cpu())
+    with pytest.raises(ValueError, match="kernel 'cpu' needs host arrays"):
+        awq.dequantize(qw, qz, sc, kernel="cpu")
+    with pytest.raises(ValueError, match="block_size must be a multiple of 32"):
+        awq.dequantize(qw, qz, sc, kernel="v3", block_size=100)
+    with pytest.raises(ValueError, match="block_size applies"):
+        awq.dequantize(qw, qz, sc, kernel="v1", block_size=128)
+
+
+@pytest.mark.skipif(awq.cuda_available() and torch.cuda.device_count() < 2,
+                    reason="needs two GPUs")
+def test_second_device(rng):
+    for dev in ("cuda:1", "cuda:0"):
+        qw, qz, sc = to_cuda(rng, 256, 4104, 128, "bfloat16", device=dev)
+        before = torch.cuda.current_device()
+        for kernel in KERNELS:
+            got = awq.dequantize(qw, qz, sc, kernel=kernel)
+            assert got.device == torch.device(dev)
+            check(got, qw, qz, sc)
+        assert torch.cuda.current_device() == before  # set and restored
+    a = to_cuda(rng, 64, 64, 32, "float16", device="cuda:0")
+    b = to_cuda(rng, 64, 64, 32, "float16", device="cuda:1")
+    with pytest.raises(ValueError, match="qweight is on cuda:0 but scales is on cuda:1"):
+        awq.dequantize(a[0], a[1], b[2])
+
+
+def test_cupy_in_cupy_out(rng):
+    cupy = pytest.importorskip("cupy")
+    qw, qz, sc = make_problem(rng, 256, 136, 64, "float16")
+    c = [cupy.asarray(a) for a in (qw, qz, sc)]
+    for kernel in KERNELS:
+        got = awq.dequantize(*c, kernel=kernel, out_dtype="float32")
+        assert isinstance(got, cupy.ndarray) and got.dtype == np.float32
+        reference.assert_bitexact(got.get(), reference.dequantize(qw, qz, sc, out_dtype="float32"))
+    out = cupy.full((256, 136), 3, dtype=cupy.float16)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        awq.dequantize(*c, out=out)  # CuPy's current stream is used
+    s.synchronize()
+    reference.assert_bitexact(out.get(), reference.dequantize(qw, qz, sc))
+
+
+def test_torch_allocates_through_its_allocator(rng):
+    qw, qz, sc = to_cuda(rng, 1024, 4096, 128, "float16")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    got = awq.dequantize(qw, qz, sc)
+    assert torch.cuda.memory_allocated() - before >= got.numel() * 2
+    check(got, qw, qz, sc)
