@@ -120,7 +120,8 @@ class BuildExt(build_ext):
         nvcc = None if env_flag("AWQ_FAST_DEQUANT_NO_CUDA") else find_nvcc()
         libdir = cuda_lib_dir(cuda_home_of(nvcc)) if nvcc else None
         archs = choose_archs(nvcc) if nvcc else []
-        if nvcc and libdir and archs:
+        has_cu = any(n.endswith(".cu") for n in os.listdir(CSRC))
+        if nvcc and libdir and archs and has_cu:
             log(f"CUDA build with {nvcc}, architectures {archs}")
             ext.sources = [s for s in ext.sources if not s.endswith("cuda_stub.c")]
             ext.extra_objects += self._compile_cuda(nvcc, archs)
@@ -130,6 +131,7 @@ class BuildExt(build_ext):
             why = ("AWQ_FAST_DEQUANT_NO_CUDA is set" if env_flag("AWQ_FAST_DEQUANT_NO_CUDA")
                    else "nvcc not found" if not nvcc
                    else "libcudart_static.a not found" if not libdir
+                   else "no CUDA sources" if not has_cu
                    else "no supported architecture")
             log(f"CPU-only build ({why}); CUDA tensors will raise RuntimeError")
         super().build_extensions()
