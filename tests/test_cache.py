@@ -33,7 +33,8 @@ def cache_dir(tmp_path, monkeypatch):
 def _run_py(code, cache, extra_env=None):
     env = dict(os.environ, AWQ_FAST_DEQUANT_CACHE_DIR=str(cache), PYTHONWARNINGS="default")
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+    # cwd: away from a source checkout, whose package folder would shadow the installed one
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cache,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -157,7 +158,8 @@ def test_four_processes_tune_different_shapes_at_once(tmp_path):
         awq.smart_dequantize(qw, qz, sc)
     """
     env = dict(os.environ, AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(n)], env=env)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(n)], env=env,
+                              cwd=tmp_path)
              for n in (64, 128, 256, 512)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     lines = [l for l in (tmp_path / "autotune.txt").read_text().splitlines()
@@ -275,7 +277,7 @@ def test_cli_cache_and_tune(tmp_path):
 
     def cli(*args):
         r = subprocess.run([sys.executable, "-m", "awq_fast_dequant", *args], env=env,
-                           capture_output=True, text=True, timeout=120)
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         return r.stdout
 
