@@ -1,0 +1,1060 @@
+/*
+ * dequant_cuda.cu -- CUDA backend: kernels v1..v4 and their extern "C" entry points.
+ *
+ * No Python and no torch here.  Every entry point returns an awq_status, never
+ * aborts, never synchronizes (except awq_cuda_time, on its end event), and
+ * checks cudaGetLastError() after every launch.  Contract: csrc/awq.h and
+ * DESIGN.md section 1; design notes and measurements: docs/KERNELS.md.
+ *
+ * All four kernels produce identical bits:
+ *   out[k, n] = round_to_out( float32(q - z) * float32(scale[k / G, n]) )
+ * with q - z an exact integer and a single round-to-nearest-even at the end.
+ */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+#include "awq.h"
+
+#ifndef AWQ_CUDA_ARCHS
+#define AWQ_CUDA_ARCHS ""
+#endif
+
+namespace {
+
+/* ======================================================================
+ * Bit layout of one packed word (qweight and qzeros alike)
+ *
+ *   bits   31..28 27..24 23..20 19..16 15..12 11..8  7..4   3..0
+ *   nibble    7      6      5      4      3      2      1      0
+ *   column   8c+7   8c+5   8c+3   8c+1   8c+6   8c+4   8c+2   8c+0
+ *
+ * i.e. nibble i holds column ORDER[i], ORDER = {0,2,4,6,1,3,5,7}, and column
+ * j is read from nibble REVERSE[j] = {0,4,1,5,2,6,3,7}[j] = j/2 + 4*(j%2).
+ * Consequence used by the fast paths: for p = 0..3, (word >> 4p) & 0x000F000F
+ * holds column 2p in its low 16-bit half and column 2p+1 in its high half --
+ * exactly the element order of a packed pair (half2 / bf16x2 / two floats).
+ * ====================================================================== */
+
+constexpr int kNibbleBits = 4;
+constexpr int kColsPerWord = 8;  /* 32-bit word / 4-bit nibble */
+constexpr int kPairsPerWord = 4; /* column pairs (2p, 2p+1) per word */
+static_assert(sizeof(uint32_t) * 8 == kColsPerWord * kNibbleBits, "eight nibbles fill a word");
+static_assert(kPairsPerWord * 2 == kColsPerWord, "a word splits into four column pairs");
+
+/* Nibble holding column j of a word (the closed form of REVERSE). */
+__host__ __device__ constexpr int reverse_nibble(int j) { return (j >> 1) + 4 * (j & 1); }
+
+constexpr int kReverseTable[kColsPerWord] = {0, 4, 1, 5, 2, 6, 3, 7}; /* DESIGN.md section 1 */
+
+constexpr bool reverse_matches_table()
+{
+    for (int j = 0; j < kColsPerWord; ++j)
+        if (reverse_nibble(j) != kReverseTable[j]) return false;
+    return true;
+}
+static_assert(reverse_matches_table(), "closed form of REVERSE disagrees with the contract");
+
+constexpr bool pairs_are_nibbles_p_and_p_plus_4()
+{
+    for (int p = 0; p < kPairsPerWord; ++p)
+        if (reverse_nibble(2 * p) != p || reverse_nibble(2 * p + 1) != p + 4) return false;
+    return true;
+}
+static_assert(pairs_are_nibbles_p_and_p_plus_4(), "pair extraction mask 0x000F000F assumes this");
+
+/* (word >> 4p) & kPairMask: nibble p in bits 0..3, nibble p+4 in bits 16..19. */
+constexpr uint32_t kPairMask = 0x000F000Fu;
+
+/* float32 2^23: OR-ing an integer m < 2^23 into its mantissa gives exactly 2^23 + m. */
+constexpr uint32_t kF32Magic = 0x4B000000u;
+/* Added to each 16-bit half before subtracting z so that 16 + q - z is in [1, 31]:
+ * never negative, so no borrow crosses from the high half into the low one. */
+constexpr uint32_t kPairBias = 0x00100010u;
+/* 2^23 + 16: the float value of (kF32Magic | 16); subtracting it leaves q - z exactly. */
+constexpr float kF32MagicBias = 8388624.0f;
+static_assert(kF32MagicBias == 8388608.0f + 16.0f, "2^23 + 16");
+
+/* float16 1024.0: OR-ing q < 16 into its mantissa gives exactly 1024 + q (spacing 1). */
+constexpr uint32_t kF16x2Magic = 0x64006400u;
+
+/* __byte_perm selectors: result = {byte b of x, 0x00, 0x00, 0x4B} from (x, kF32Magic). */
+constexpr unsigned kPermLowHalf = 0x7650u;  /* byte 0 of x: the low 16-bit half  */
+constexpr unsigned kPermHighHalf = 0x7652u; /* byte 2 of x: the high 16-bit half */
+
+/* ---- element types ---------------------------------------------------- */
+
+struct F16T {
+    using bits = uint16_t;
+};
+struct BF16T {
+    using bits = uint16_t;
+};
+struct F32T {
+    using bits = uint32_t;
+};
+
+template <class T> struct is_16bit {
+    static constexpr bool value = sizeof(typename T::bits) == 2;
+};
+static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2 && sizeof(float) == 4,
+              "storage sizes assumed by the bit casts below");
+static_assert(sizeof(__half2) == 4 && sizeof(__nv_bfloat162) == 4, "packed pairs are one word");
+
+/* ---- small device helpers --------------------------------------------- */
+
+/* Why: a 32-bit register viewed as half2 without a conversion instruction. */
+__device__ __forceinline__ __half2 as_half2(uint32_t u)
+{
+    __half2 h;
+    memcpy(&h, &u, sizeof h);
+    return h;
+}
+
+/* Why: the inverse view, to store a half2 result as a plain word. */
+__device__ __forceinline__ uint32_t half2_bits(__half2 h)
+{
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* Why: float -> bfloat16 with one round-to-nearest-even where sm < 80 lacks
+ * the cvt instruction; NaN stays NaN (quiet bit forced) and never rounds to Inf.
+ * (Host-callable so that a host test can check it bit for bit.) */
+[[maybe_unused]] __host__ __device__ __forceinline__ uint32_t bf16_rne_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: exponent all ones, mantissa != 0 */
+        return (u >> 16) | 0x0040u;     /* keep sign and top payload, set the quiet bit */
+    u += 0x7FFFu + ((u >> 16) & 1u);    /* half of the 16 dropped bits, ties to even */
+    return u >> 16;
+}
+
+/* Why: one exact widening of a stored scale to float32 (all three are exact). */
+template <class T> __device__ __forceinline__ float scale_to_float(uint32_t bits)
+{
+    if constexpr (std::is_same<T, F16T>::value)
+        return __half2float(__ushort_as_half((unsigned short)bits));
+    else if constexpr (std::is_same<T, BF16T>::value)
+        return __uint_as_float(bits << 16); /* bf16 is the top half of a float32 */
+    else
+        return __uint_as_float(bits);
+}
+
+/* Why: the single round-to-nearest-even from the float32 product to the output type. */
+template <class T> __device__ __forceinline__ uint32_t float_to_out(float f)
+{
+    if constexpr (std::is_same<T, F16T>::value) {
+        return __half_as_ushort(__float2half_rn(f));
+    } else if constexpr (std::is_same<T, BF16T>::value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+        return bf16_rne_bits(f);
+#endif
+    } else {
+        return __float_as_uint(f);
+    }
+}
+
+/* Why: two conversions in one instruction (cvt.rn.{f16,bf16}x2.f32 on sm_80+),
+ * each still a single RNE rounding; lo lands in bits 0..15 (the lower address). */
+template <class T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi)
+{
+    if constexpr (std::is_same<T, F16T>::value) {
+        return half2_bits(__floats2half2_rn(lo, hi));
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &b, sizeof u);
+        return u;
+#else
+        return bf16_rne_bits(lo) | (bf16_rne_bits(hi) << 16);
+#endif
+    }
+}
+
+/* Why: the reference formula for one element, used by the simple kernels v1..v3. */
+template <class S, class O>
+__device__ __forceinline__ uint32_t dequant_one(uint32_t word, uint32_t zword, int j, uint32_t sbits)
+{
+    const int shift = kNibbleBits * reverse_nibble(j);
+    const int q = (int)((word >> shift) & 0xFu);
+    const int z = (int)((zword >> shift) & 0xFu);
+    return float_to_out<O>(__fmul_rn((float)(q - z), scale_to_float<S>(sbits)));
+}
+
+/* Why: typed read-only load of one stored scale element as raw bits. */
+template <class T> __device__ __forceinline__ uint32_t load_elem(const void *base, int64_t i)
+{
+    if constexpr (is_16bit<T>::value)
+        return __ldg(static_cast<const unsigned short *>(base) + i);
+    else
+        return __ldg(static_cast<const unsigned int *>(base) + i);
+}
+
+/* Why: streaming (evict-first) store of one output element; out is written once. */
+template <class T> __device__ __forceinline__ void store_elem(void *base, int64_t i, uint32_t bits)
+{
+    if constexpr (is_16bit<T>::value)
+        __stcs(static_cast<unsigned short *>(base) + i, (unsigned short)bits);
+    else
+        __stcs(static_cast<unsigned int *>(base) + i, bits);
+}
+
+/* ---- 64-bit index division ---------------------------------------------
+ * Every grid index is int64.  Dividing it by a runtime constant (N, N/8, G,
+ * ...) with a 64-bit '/' is a call to a division routine (tens of
+ * instructions); in practice both operands fit 32 bits, where a multiply-high
+ * by a precomputed reciprocal is exact
+ * (Granlund & Montgomery 1994, "Division by invariant integers using
+ * multiplication", round-up variant): q = (umulhi(n, m) + n) >> l, with
+ * l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1 < 2^32.
+ * Larger operands take the plain 64-bit division. */
+struct Divisor {
+    int64_t d;
+    uint32_t m;
+    uint32_t l;
+    int fast; /* d < 2^32 */
+};
+
+Divisor make_divisor(int64_t d)
+{
+    Divisor r{d, 0u, 0u, 0};
+    if (d >= 1 && d <= (int64_t)UINT32_MAX) {
+        uint32_t l = 0;
+        while ((uint64_t(1) << l) < (uint64_t)d) ++l;
+        r.m = (uint32_t)((((uint64_t(1) << l) - (uint64_t)d) << 32) / (uint64_t)d + 1);
+        r.l = l;
+        r.fast = 1;
+    }
+    return r;
+}
+
+/* Why: n / d for n >= 0 in ~3 instructions on the common (32-bit) path. */
+__host__ __device__ __forceinline__ int64_t divide(int64_t n, const Divisor &v)
+{
+    if (v.fast && (uint64_t)n <= UINT32_MAX) {
+        const uint64_t hi = ((uint64_t)(uint32_t)n * v.m) >> 32; /* umulhi */
+        return (int64_t)((hi + (uint64_t)n) >> v.l);
+    }
+    return n / v.d;
+}
+
+/* ======================================================================
+ * Arguments shared by v1..v3 (one struct passed by value)
+ * ====================================================================== */
+struct SimpleArgs {
+    const uint32_t *qweight;
+    const uint32_t *qzeros;
+    const void *scales;
+    void *out;
+    int64_t N;     /* columns */
+    int64_t W;     /* packed words per row: N / 8 */
+    int64_t count; /* v1: K * N elements; v2/v3: K * W words */
+    Divisor divN, divW, divG;
+};
+
+constexpr int kV1Block = 256; /* v1 and v2 use a fixed block size (the issue's spec) */
+constexpr int kV2Block = 256;
+constexpr int kMaxBlock = 1024; /* CUDA's limit on threads per block */
+
+/* ---- v1: one thread per output element -------------------------------- */
+template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_kernel(const SimpleArgs a)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < a.count; e += stride) {
+        const int64_t k = divide(e, a.divN);
+        const int64_t n = e - k * a.N;
+        const int64_t g = divide(k, a.divG);
+        const int64_t c = n >> 3; /* 8 columns per word */
+        const uint32_t w = __ldg(a.qweight + k * a.W + c);
+        const uint32_t zw = __ldg(a.qzeros + g * a.W + c);
+        const uint32_t s = load_elem<S>(a.scales, g * a.N + n);
+        store_elem<O>(a.out, e, dequant_one<S, O>(w, zw, (int)(n & 7), s));
+    }
+}
+
+/* Why: the v2/v3 body -- one packed word: 1 qweight, 1 zero word, 8 scales, 8 outputs. */
+template <class S, class O> __device__ __forceinline__ void word_task(const SimpleArgs &a, int64_t t)
+{
+    const int64_t k = divide(t, a.divW);
+    const int64_t c = t - k * a.W;
+    const int64_t g = divide(k, a.divG);
+    const uint32_t w = __ldg(a.qweight + t); /* t == k * W + c */
+    const uint32_t zw = __ldg(a.qzeros + g * a.W + c);
+    const int64_t sbase = g * a.N + kColsPerWord * c;
+    const int64_t obase = k * a.N + kColsPerWord * c;
+#pragma unroll
+    for (int j = 0; j < kColsPerWord; ++j)
+        store_elem<O>(a.out, obase + j, dequant_one<S, O>(w, zw, j, load_elem<S>(a.scales, sbase + j)));
+}
+
+/* ---- v2: one thread per packed word, compile-time block size ---------- */
+template <class S, class O> __global__ void __launch_bounds__(kV2Block) awq_v2_kernel(const SimpleArgs a)
+{
+    const int64_t stride = (int64_t)gridDim.x * kV2Block;
+    for (int64_t t = (int64_t)blockIdx.x * kV2Block + threadIdx.x; t < a.count; t += stride)
+        word_task<S, O>(a, t);
+}
+
+/* ---- v3: v2 with a runtime block size ---------------------------------- */
+template <class S, class O> __global__ void __launch_bounds__(kMaxBlock) awq_v3_kernel(const SimpleArgs a)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.count; t += stride)
+        word_task<S, O>(a, t);
+}
+
+/* ======================================================================
+ * v4 -- the production kernel
+ *
+ * Row tile = up to R consecutive rows k0 .. k0+R-1 inside one group g; tiles
+ * never straddle a group, so "K not a multiple of R" and "G not a multiple
+ * of R" are the same case: a group's last tile is short (its leftover rows
+ * go one at a time; the tuner and the default only pick R dividing G, and
+ * R > G just makes every tile short).  Grid: blockIdx.y
+ * walks tiles (grid-stride past gridDim.y's 65535), blockIdx.x * blockDim.x
+ * + threadIdx.x walks packed-word columns c of the tile -- no division per
+ * thread.  Consecutive lanes take consecutive c, so every warp-wide access
+ * is one contiguous span: 128 B of qweight per row (4 B a lane), 512 B of
+ * f16 output per row (16 B a lane: whole 32 B sectors, no partial writes).
+ * Lanes past the row's end (W not a multiple of the block) just exit.
+ *
+ * Per (tile, c) a thread (1) issues every independent load at once -- the
+ * zero word, the group's 8 scales (16 B; 32 B for f32) and the first RB rows
+ * of qweight, RB = min(R, 8) -- (2) decodes the zeros/scales once into
+ * registers, (3) per row computes 8 outputs and streams them out with
+ * __stcs.  R > 8 rows go in batches of 8 (register arrays are indexed only
+ * by constants).  No per-row branches: the batch is straight-line code.
+ *
+ * VEC: scales and out are 16-byte aligned (checked on the host): one 16-byte
+ * access per 8 elements (two for f32); otherwise element-wise accesses.
+ * ====================================================================== */
+struct V4Args {
+    const uint32_t *qweight;
+    const uint32_t *qzeros;
+    const void *scales;
+    void *out;
+    int64_t N;      /* columns */
+    int64_t W;      /* packed words per row */
+    int64_t G;      /* group size */
+    int64_t R;      /* rows per tile (config.rows) */
+    int64_t tpg;    /* tiles per group: ceil(G / R) */
+    int64_t ntiles; /* (K / G) * tpg */
+    Divisor divT;   /* by tpg: tile -> group */
+    uint32_t zero;  /* always 0, opaque to the compiler: see after_loads */
+};
+
+constexpr int kV4MaxBatch = 8; /* rows of qweight held in registers at once */
+
+/* Raw bits of one word-column's 8 scales: 4 words (16-bit types) or 8 (f32). */
+template <class S> struct ScaleBits {
+    static constexpr int kWords = is_16bit<S>::value ? 4 : 8;
+    uint32_t w[kWords];
+};
+
+/* Why: fetch the group's 8 scales for columns 8c..8c+7 with the widest legal access. */
+template <class S, bool VEC> __device__ __forceinline__ ScaleBits<S> load_scales(const void *base, int64_t i)
+{
+    ScaleBits<S> s;
+    if constexpr (VEC) {
+        const uint4 *v = reinterpret_cast<const uint4 *>(static_cast<const char *>(base) +
+                                                         i * (int64_t)sizeof(typename S::bits));
+#pragma unroll
+        for (int h = 0; h < ScaleBits<S>::kWords / 4; ++h) {
+            const uint4 x = __ldg(v + h);
+            s.w[4 * h + 0] = x.x;
+            s.w[4 * h + 1] = x.y;
+            s.w[4 * h + 2] = x.z;
+            s.w[4 * h + 3] = x.w;
+        }
+    } else if constexpr (is_16bit<S>::value) {
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p)
+            s.w[p] = load_elem<S>(base, i + 2 * p) | (load_elem<S>(base, i + 2 * p + 1) << 16);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kColsPerWord; ++j) s.w[j] = load_elem<S>(base, i + j);
+    }
+    return s;
+}
+
+/* Output bits of one row of one word-column: 4 words (16-bit types) or 8 (f32). */
+template <class O> struct OutBits {
+    static constexpr int kWords = is_16bit<O>::value ? 4 : 8;
+    uint32_t w[kWords];
+};
+
+/* Why: write 8 outputs with the widest legal access, streaming (written once, never reread). */
+template <class O, bool VEC> __device__ __forceinline__ void store_outputs(void *dst, const OutBits<O> &o)
+{
+    if constexpr (VEC) {
+        uint4 *v = static_cast<uint4 *>(dst);
+#pragma unroll
+        for (int h = 0; h < OutBits<O>::kWords / 4; ++h)
+            __stcs(v + h, make_uint4(o.w[4 * h], o.w[4 * h + 1], o.w[4 * h + 2], o.w[4 * h + 3]));
+    } else if constexpr (is_16bit<O>::value) {
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) {
+            store_elem<O>(dst, 2 * p, o.w[p] & 0xFFFFu);
+            store_elem<O>(dst, 2 * p + 1, o.w[p] >> 16);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < kColsPerWord; ++j) store_elem<O>(dst, j, o.w[j]);
+    }
+}
+
+/* Decoded per-group state of one word-column, reused for all rows of the tile.
+ * Generic path (any pair except f16 -> f16): the zero nibbles kept as pairs,
+ * the scales widened to float32. */
+template <class S, class O> struct GroupState {
+    uint32_t zpair[kPairsPerWord]; /* (zword >> 4p) & kPairMask */
+    float scale[kColsPerWord];     /* float32(scale) of column j */
+
+    __device__ __forceinline__ GroupState(uint32_t zword, const ScaleBits<S> &s)
+    {
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) zpair[p] = (zword >> (kNibbleBits * p)) & kPairMask;
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) {
+            if constexpr (is_16bit<S>::value) {
+                scale[2 * p] = scale_to_float<S>(s.w[p] & 0xFFFFu);
+                scale[2 * p + 1] = scale_to_float<S>(s.w[p] >> 16);
+            } else {
+                scale[2 * p] = scale_to_float<S>(s.w[2 * p]);
+                scale[2 * p + 1] = scale_to_float<S>(s.w[2 * p + 1]);
+            }
+        }
+    }
+
+    /* Why: 8 outputs of one row with no int->float conversion instruction:
+     * d = (q | 16) - z per 16-bit half is 16 + q - z in [1, 31] (no borrow);
+     * byte_perm drops it into the mantissa of 2^23, and subtracting 2^23 + 16
+     * leaves float32(q - z) exactly (+0 when q == z).  Then the float32 product
+     * and one rounding, as the contract says. */
+    __device__ __forceinline__ OutBits<O> apply(uint32_t word) const
+    {
+        OutBits<O> o;
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) {
+            const uint32_t d = (((word >> (kNibbleBits * p)) & kPairMask) | kPairBias) - zpair[p];
+            const float lo = __fsub_rn(__uint_as_float(__byte_perm(d, kF32Magic, kPermLowHalf)), kF32MagicBias);
+            const float hi = __fsub_rn(__uint_as_float(__byte_perm(d, kF32Magic, kPermHighHalf)), kF32MagicBias);
+            const float vlo = __fmul_rn(lo, scale[2 * p]);
+            const float vhi = __fmul_rn(hi, scale[2 * p + 1]);
+            if constexpr (is_16bit<O>::value) {
+                o.w[p] = pack_pair<O>(vlo, vhi);
+            } else {
+                o.w[2 * p] = __float_as_uint(vlo);
+                o.w[2 * p + 1] = __float_as_uint(vhi);
+            }
+        }
+        return o;
+    }
+};
+
+/* f16 scales -> f16 out: half2 arithmetic, two columns per instruction.
+ * (1024 + q) - (1024 + z) is exact in f16 (integers below 2048), +0 when
+ * q == z; the f16 product of the exact q - z and the scale is rounded once,
+ * to nearest even, with subnormals kept -- the same bits as the float32 path. */
+template <> struct GroupState<F16T, F16T> {
+    uint32_t zh[kPairsPerWord]; /* half2 (1024 + z[2p], 1024 + z[2p+1]) */
+    uint32_t sh[kPairsPerWord]; /* half2 (scale[2p], scale[2p+1]) as stored */
+
+    __device__ __forceinline__ GroupState(uint32_t zword, const ScaleBits<F16T> &s)
+    {
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) {
+            zh[p] = ((zword >> (kNibbleBits * p)) & kPairMask) | kF16x2Magic;
+            sh[p] = s.w[p];
+        }
+    }
+
+    __device__ __forceinline__ OutBits<F16T> apply(uint32_t word) const
+    {
+        OutBits<F16T> o;
+#pragma unroll
+        for (int p = 0; p < kPairsPerWord; ++p) {
+            const uint32_t qh = ((word >> (kNibbleBits * p)) & kPairMask) | kF16x2Magic;
+            o.w[p] = half2_bits(__hmul2_rn(__hsub2_rn(as_half2(qh), as_half2(zh[p])), as_half2(sh[p])));
+        }
+        return o;
+    }
+};
+
+/* Why: issue RB independent qweight loads back to back before any is used. */
+template <int RB> __device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch)
+{
+#pragma unroll
+    for (int r = 0; r < RB; ++r) q[r] = __ldg(p + r * pitch);
+}
+
+/* Why: a value equal to x that the compiler must compute after every q[r] has
+ * arrived (zero is a kernel argument, always 0).  Without it ptxas interleaves
+ * the batch's loads with the first rows' stores (seen in the SASS), which
+ * costs a second memory latency per thread; with it, the zero word, scales
+ * and all RB rows leave back to back and are waited for once. */
+template <int RB> __device__ __forceinline__ uint32_t after_loads(uint32_t x, const uint32_t (&q)[RB], uint32_t zero)
+{
+    uint32_t any = 0;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) any |= q[r];
+    return x | (any & zero);
+}
+
+/* Why: rows one at a time -- only for what is left of a short tile (a group's
+ * last tile when R does not divide G), so the full batches stay branch-free. */
+template <class S, class O, bool VEC>
+__device__ __forceinline__ void v4_rows_one_by_one(const GroupState<S, O> &st, const uint32_t *qp,
+                                                   typename O::bits *op, int64_t W, int64_t N, int n)
+{
+    for (int r = 0; r < n; ++r, qp += W, op += N) store_outputs<O, VEC>(op, st.apply(__ldg(qp)));
+}
+
+/* Why: all work of one word-column c of one row tile (rows k0 .. k0+nrows-1 of group g). */
+template <class S, class O, int RB, bool VEC>
+__device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0, int nrows, int64_t c)
+{
+    using OB = typename O::bits;
+    const uint32_t *qp = a.qweight + k0 * a.W + c;
+    OB *op = static_cast<OB *>(a.out) + k0 * a.N + kColsPerWord * c;
+
+    /* 1. every independent load of the first batch, before any use */
+    const uint32_t zword = __ldg(a.qzeros + g * a.W + c);
+    const ScaleBits<S> sb = load_scales<S, VEC>(a.scales, g * a.N + kColsPerWord * c);
+    if (nrows < RB) { /* short tile: rare (R does not divide G) */
+        v4_rows_one_by_one<S, O, VEC>(GroupState<S, O>(zword, sb), qp, op, a.W, a.N, nrows);
+        return;
+    }
+    uint32_t q[RB];
+    load_rows<RB>(q, qp, a.W);
+
+    /* 2. decode the group's zeros and scales once for all rows */
+    const GroupState<S, O> st(after_loads<RB>(zword, q, a.zero), sb);
+
+    /* 3. full batches of RB rows: compute and stream out */
+    int left = nrows;
+    for (;;) {
+#pragma unroll
+        for (int r = 0; r < RB; ++r) store_outputs<O, VEC>(op + r * a.N, st.apply(q[r]));
+        left -= RB;
+        qp += RB * a.W;
+        op += RB * a.N;
+        if (RB < kV4MaxBatch || left < RB) break; /* RB < 8 is launched only for R == RB */
+        load_rows<RB>(q, qp, a.W);
+    }
+    if (RB == kV4MaxBatch && left > 0) v4_rows_one_by_one<S, O, VEC>(st, qp, op, a.W, a.N, left);
+}
+
+template <class S, class O, int RB, bool VEC>
+__global__ void __launch_bounds__(kMaxBlock) awq_v4_kernel(const V4Args a)
+{
+    const int64_t cstride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t tile = blockIdx.y; tile < a.ntiles; tile += gridDim.y) {
+        const int64_t g = divide(tile, a.divT);
+        const int64_t r0 = (tile - g * a.tpg) * a.R; /* first row of the tile inside group g */
+        const int nrows = (int)min(a.R, a.G - r0);    /* < R only for a group's last tile */
+        const int64_t k0 = g * a.G + r0;
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.W; c += cstride)
+            v4_column<S, O, RB, VEC>(a, g, k0, nrows, c);
+    }
+}
+
+/* ======================================================================
+ * Host side
+ * ====================================================================== */
+
+/* Blocks for `count` items of `per_block`, capped at gridDim.x's limit (the
+ * kernels' grid-stride loops cover the rest). */
+unsigned grid_for(int64_t count, int per_block)
+{
+    const int64_t blocks = (count + per_block - 1) / per_block;
+    const int64_t cap = 2147483647; /* 2^31 - 1: gridDim.x limit */
+    return (unsigned)(blocks < cap ? (blocks < 1 ? 1 : blocks) : cap);
+}
+
+template <class T> struct Tag {
+    using type = T;
+};
+
+/* Switch from the runtime (scale, out) dtype pair to one template instance. */
+template <class F> cudaError_t dispatch_dtypes(awq_dtype s, awq_dtype o, F &&f)
+{
+    auto with_out = [&](auto st) -> cudaError_t {
+        switch (o) {
+        case AWQ_F16: return f(st, Tag<F16T>{});
+        case AWQ_BF16: return f(st, Tag<BF16T>{});
+        case AWQ_F32: return f(st, Tag<F32T>{});
+        }
+        return cudaErrorInvalidValue; /* unreachable: validated before */
+    };
+    switch (s) {
+    case AWQ_F16: return with_out(Tag<F16T>{});
+    case AWQ_BF16: return with_out(Tag<BF16T>{});
+    case AWQ_F32: return with_out(Tag<F32T>{});
+    }
+    return cudaErrorInvalidValue;
+}
+
+SimpleArgs simple_args(const awq_problem *p, int64_t count)
+{
+    SimpleArgs a;
+    a.qweight = p->qweight;
+    a.qzeros = p->qzeros;
+    a.scales = p->scales;
+    a.out = p->out;
+    a.N = p->N;
+    a.W = p->N / kColsPerWord;
+    a.count = count;
+    a.divN = make_divisor(p->N);
+    a.divW = make_divisor(a.W);
+    a.divG = make_divisor(p->G);
+    return a;
+}
+
+cudaError_t awq_v1_launch(const awq_problem *p, cudaStream_t stream)
+{
+    const SimpleArgs a = simple_args(p, awq_numel(p));
+    const unsigned grid = grid_for(a.count, kV1Block);
+    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
+        awq_v1_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, kV1Block, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t awq_v2_launch(const awq_problem *p, cudaStream_t stream)
+{
+    const SimpleArgs a = simple_args(p, p->K * (p->N / kColsPerWord));
+    const unsigned grid = grid_for(a.count, kV2Block);
+    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
+        awq_v2_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, kV2Block, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t awq_v3_launch(const awq_problem *p, int block, cudaStream_t stream)
+{
+    const SimpleArgs a = simple_args(p, p->K * (p->N / kColsPerWord));
+    const unsigned grid = grid_for(a.count, block);
+    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
+        awq_v3_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, block, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+constexpr uintptr_t kVecBytes = 16; /* one 128-bit access */
+
+/* The 16-byte path is legal when the base pointers and the row pitches of
+ * scales and out are multiples of 16 bytes (every 8-column run then starts
+ * on a 16-byte boundary).  qweight/qzeros are read one 4-byte word a lane. */
+bool v4_vector_ok(const awq_problem *p)
+{
+    const int64_t spitch = p->N * (int64_t)awq_dtype_size(p->scale_dtype);
+    const int64_t opitch = p->N * (int64_t)awq_dtype_size(p->out_dtype);
+    return ((uintptr_t)p->scales % kVecBytes) == 0 && ((uintptr_t)p->out % kVecBytes) == 0 &&
+           spitch % (int64_t)kVecBytes == 0 && opitch % (int64_t)kVecBytes == 0;
+}
+
+int64_t v4_tiles_per_group(int64_t G, int64_t R) { return (G + R - 1) / R; }
+
+int64_t v4_tiles(const awq_problem *p, int64_t R) { return (p->K / p->G) * v4_tiles_per_group(p->G, R); }
+
+constexpr int64_t kMaxGridY = 65535; /* gridDim.y limit; the kernel grid-strides over more tiles */
+
+/* Blocks of a v4 launch: word-column blocks per tile times tiles. */
+dim3 v4_grid(const awq_problem *p, int64_t R, int block)
+{
+    const int64_t y = v4_tiles(p, R);
+    return dim3(grid_for(p->N / kColsPerWord, block), (unsigned)(y < kMaxGridY ? (y < 1 ? 1 : y) : kMaxGridY), 1);
+}
+
+template <int RB, bool VEC>
+cudaError_t v4_launch_rb(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
+{
+    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
+        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, RB, VEC>
+            <<<grid, block, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+template <bool VEC>
+cudaError_t v4_launch_vec(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
+{
+    switch (a.R) { /* RB = min(R, kV4MaxBatch) */
+    case 1: return v4_launch_rb<1, VEC>(p, a, grid, block, stream);
+    case 2: return v4_launch_rb<2, VEC>(p, a, grid, block, stream);
+    case 4: return v4_launch_rb<4, VEC>(p, a, grid, block, stream);
+    default: return v4_launch_rb<kV4MaxBatch, VEC>(p, a, grid, block, stream);
+    }
+}
+
+cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
+{
+    V4Args a;
+    a.qweight = p->qweight;
+    a.qzeros = p->qzeros;
+    a.scales = p->scales;
+    a.out = p->out;
+    a.N = p->N;
+    a.W = p->N / kColsPerWord;
+    a.G = p->G;
+    a.R = rows;
+    a.tpg = v4_tiles_per_group(p->G, rows);
+    a.ntiles = v4_tiles(p, rows);
+    a.divT = make_divisor(a.tpg);
+    a.zero = 0;
+    const dim3 grid = v4_grid(p, rows, block);
+    return v4_vector_ok(p) ? v4_launch_vec<true>(p, a, grid, block, stream)
+                           : v4_launch_vec<false>(p, a, grid, block, stream);
+}
+
+/* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
+
+constexpr int kMaxCachedDevices = 64;
+constexpr int kDefaultSMs = 132; /* H100/H200 SXM; used only if the query fails */
+
+struct DeviceInfo {
+    char name[256]; /* cudaDeviceProp::name is 256 bytes */
+    int major, minor, sms;
+};
+
+DeviceInfo g_devices[kMaxCachedDevices];
+std::atomic<int> g_device_ready[kMaxCachedDevices]; /* 0 unknown, 1 g_devices[i] valid */
+std::mutex g_device_mutex;                          /* serializes writers only */
+
+cudaError_t clear_error(cudaError_t e)
+{
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* leave no stale error for the next caller */
+    return e;
+}
+
+cudaError_t device_info(int dev, DeviceInfo *out)
+{
+    if (dev >= 0 && dev < kMaxCachedDevices && g_device_ready[dev].load(std::memory_order_acquire)) {
+        *out = g_devices[dev];
+        return cudaSuccess;
+    }
+    if (dev < 0) return cudaErrorInvalidDevice;
+    cudaDeviceProp prop;
+    const cudaError_t e = clear_error(cudaGetDeviceProperties(&prop, dev));
+    if (e != cudaSuccess) return e;
+    DeviceInfo info;
+    static_assert(sizeof info.name == sizeof prop.name, "name buffer matches cudaDeviceProp");
+    memcpy(info.name, prop.name, sizeof info.name);
+    info.name[sizeof info.name - 1] = '\0';
+    info.major = prop.major;
+    info.minor = prop.minor;
+    info.sms = prop.multiProcessorCount;
+    if (dev < kMaxCachedDevices) {
+        std::lock_guard<std::mutex> lock(g_device_mutex);
+        if (!g_device_ready[dev].load(std::memory_order_relaxed)) {
+            g_devices[dev] = info;
+            g_device_ready[dev].store(1, std::memory_order_release);
+        }
+    }
+    *out = info;
+    return cudaSuccess;
+}
+
+int device_sms(int dev)
+{
+    DeviceInfo info;
+    return device_info(dev, &info) == cudaSuccess && info.sms > 0 ? info.sms : kDefaultSMs;
+}
+
+awq_status status_of(cudaError_t e)
+{
+    if (e == cudaSuccess) return AWQ_OK;
+    if (e == cudaErrorInvalidDevice || e == cudaErrorNoDevice) return AWQ_ERR_DEVICE;
+    return AWQ_ERR_CUDA;
+}
+
+void set_detail(int *detail, int v)
+{
+    if (detail) *detail = v;
+}
+
+/* Makes `dev` current for a scope (only if it is not already) and restores
+ * the caller's device on exit. */
+class DeviceScope {
+  public:
+    cudaError_t enter(int dev)
+    {
+        cudaError_t e = clear_error(cudaGetDevice(&prev_));
+        if (e != cudaSuccess) return e;
+        if (prev_ == dev) return cudaSuccess;
+        e = clear_error(cudaSetDevice(dev));
+        if (e == cudaSuccess) changed_ = true;
+        return e;
+    }
+    ~DeviceScope()
+    {
+        if (changed_) (void)clear_error(cudaSetDevice(prev_));
+    }
+
+  private:
+    int prev_ = 0;
+    bool changed_ = false;
+};
+
+/* ---- validation --------------------------------------------------------- */
+
+bool valid_dtype(awq_dtype t) { return t == AWQ_F16 || t == AWQ_BF16 || t == AWQ_F32; }
+
+bool is_empty(const awq_problem *p) { return p->K == 0 || p->N == 0; }
+
+/* Defensive re-check of what the caller validated (a bad problem must not
+ * divide by zero or fault here), plus element alignment of every pointer. */
+awq_status check_problem(const awq_problem *p)
+{
+    if (!p || p->K < 0 || p->N < 0 || p->N % kColsPerWord != 0 || p->G < 1) return AWQ_ERR_CONFIG;
+    if (!valid_dtype(p->scale_dtype) || !valid_dtype(p->out_dtype)) return AWQ_ERR_CONFIG;
+    if (p->device < 0) return AWQ_ERR_DEVICE;
+    if (is_empty(p)) return AWQ_OK;
+    if (p->K % p->G != 0) return AWQ_ERR_CONFIG;
+    if (!p->qweight || !p->qzeros || !p->scales || !p->out) return AWQ_ERR_CONFIG;
+    if ((uintptr_t)p->qweight % sizeof(uint32_t) || (uintptr_t)p->qzeros % sizeof(uint32_t) ||
+        (uintptr_t)p->scales % awq_dtype_size(p->scale_dtype) || (uintptr_t)p->out % awq_dtype_size(p->out_dtype))
+        return AWQ_ERR_CONFIG;
+    return AWQ_OK;
+}
+
+/* Validates the fields the caller set; zero fields stay zero (defaults are
+ * filled by fill_defaults, which may query the device). */
+awq_status check_config(const awq_config *in, awq_config *c)
+{
+    awq_config r;
+    memset(&r, 0, sizeof r);
+    if (in) r = *in;
+    if (r.kernel == AWQ_KERNEL_AUTO) r.kernel = AWQ_KERNEL_V4;
+    if (r.kernel < AWQ_KERNEL_V1 || r.kernel > AWQ_KERNEL_V4) return AWQ_ERR_CONFIG;
+    if (r.block_size != 0 && (r.block_size < 32 || r.block_size > kMaxBlock || r.block_size % 32 != 0))
+        return AWQ_ERR_CONFIG;
+    if (r.rows != 0 && (r.rows < 1 || r.rows > 64 || (r.rows & (r.rows - 1)) != 0)) return AWQ_ERR_CONFIG;
+    *c = r;
+    return AWQ_OK;
+}
+
+constexpr int kV3DefaultBlock = 256;
+
+void fill_defaults(const awq_problem *p, awq_config *c)
+{
+    if (c->kernel == AWQ_KERNEL_V3 && c->block_size == 0) c->block_size = kV3DefaultBlock;
+    if (c->kernel == AWQ_KERNEL_V4 && (c->block_size == 0 || c->rows == 0)) {
+        awq_config d;
+        awq_cuda_default_config(p, &d);
+        if (c->block_size == 0) c->block_size = d.block_size;
+        if (c->rows == 0) c->rows = d.rows;
+    }
+}
+
+/* The switch from kernel id to launcher; c is validated and complete. */
+cudaError_t launch_config(const awq_problem *p, const awq_config *c, cudaStream_t stream)
+{
+    if (is_empty(p)) return cudaSuccess;
+    switch (c->kernel) {
+    case AWQ_KERNEL_V1: return awq_v1_launch(p, stream);
+    case AWQ_KERNEL_V2: return awq_v2_launch(p, stream);
+    case AWQ_KERNEL_V3: return awq_v3_launch(p, c->block_size, stream);
+    case AWQ_KERNEL_V4: return awq_v4_launch(p, c->block_size, c->rows, stream);
+    default: return cudaErrorInvalidValue; /* unreachable: check_config */
+    }
+}
+
+/* Validation shared by dequantize and time; fills *c with the resolved config. */
+awq_status prepare(const awq_problem *p, const awq_config *in, awq_config *c)
+{
+    awq_status s = check_problem(p);
+    if (s != AWQ_OK) return s;
+    s = check_config(in, c);
+    if (s != AWQ_OK) return s;
+    if (!is_empty(p)) fill_defaults(p, c);
+    return AWQ_OK;
+}
+
+/* Both events destroyed on every path. */
+struct EventPair {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~EventPair()
+    {
+        if (start) (void)clear_error(cudaEventDestroy(start));
+        if (stop) (void)clear_error(cudaEventDestroy(stop));
+    }
+};
+
+} // namespace
+
+/* ======================================================================
+ * extern "C" entry points (csrc/awq.h, "CUDA backend")
+ * ====================================================================== */
+extern "C" {
+
+int awq_cuda_compiled(void) { return 1; }
+
+const char *awq_cuda_archs(void) { return AWQ_CUDA_ARCHS; }
+
+int awq_cuda_runtime_version(void)
+{
+    int v = 0;
+    if (clear_error(cudaRuntimeGetVersion(&v)) != cudaSuccess) return 0;
+    return v;
+}
+
+int awq_cuda_device_count(int *detail)
+{
+    int n = 0;
+    const cudaError_t e = clear_error(cudaGetDeviceCount(&n)); /* no driver: leave no pending error */
+    set_detail(detail, (int)e);
+    return e == cudaSuccess && n > 0 ? n : 0;
+}
+
+awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *detail)
+{
+    set_detail(detail, 0);
+    awq_config rc;
+    awq_status s = prepare(p, c, &rc);
+    if (s != AWQ_OK || is_empty(p)) return s;
+    DeviceScope scope;
+    cudaError_t e = scope.enter(p->device);
+    if (e == cudaSuccess) e = clear_error(launch_config(p, &rc, static_cast<cudaStream_t>(p->stream)));
+    set_detail(detail, (int)e);
+    return status_of(e);
+}
+
+const char *awq_cuda_error_string(int detail) { return cudaGetErrorString(static_cast<cudaError_t>(detail)); }
+
+awq_status awq_cuda_device_identity(int device, char *name, size_t name_len, int *major, int *minor, int *detail)
+{
+    set_detail(detail, 0);
+    DeviceInfo info;
+    const cudaError_t e = device_info(device, &info);
+    set_detail(detail, (int)e);
+    if (e != cudaSuccess) return status_of(e);
+    if (name && name_len > 0) {
+        const size_t n = strnlen(info.name, sizeof info.name);
+        const size_t k = n < name_len - 1 ? n : name_len - 1;
+        memcpy(name, info.name, k);
+        name[k] = '\0';
+    }
+    if (major) *major = info.major;
+    if (minor) *minor = info.minor;
+    return AWQ_OK;
+}
+
+awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, int *detail)
+{
+    set_detail(detail, 0);
+    if (capturing) *capturing = 0;
+    if (device < 0) return AWQ_ERR_DEVICE;
+    DeviceScope scope;
+    cudaError_t e = scope.enter(device);
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (e == cudaSuccess) e = clear_error(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st));
+    set_detail(detail, (int)e);
+    if (e != cudaSuccess) return status_of(e);
+    /* Active or Invalidated: a capture is in progress either way. */
+    if (capturing) *capturing = st != cudaStreamCaptureStatusNone;
+    return AWQ_OK;
+}
+
+awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, int warmup, int iters, float *ms, int *detail)
+{
+    set_detail(detail, 0);
+    if (ms) *ms = 0.0f;
+    if (iters < 1 || warmup < 0) return AWQ_ERR_CONFIG;
+    awq_config rc;
+    const awq_status s = prepare(p, c, &rc);
+    if (s != AWQ_OK) return s;
+    const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+
+    DeviceScope scope;
+    EventPair ev;
+    float total = 0.0f;
+    cudaError_t e = scope.enter(p->device);
+    if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev.start));
+    if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev.stop));
+    for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = clear_error(launch_config(p, &rc, stream));
+    if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev.start, stream));
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) e = clear_error(launch_config(p, &rc, stream));
+    if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev.stop, stream));
+    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev.stop));
+    if (e == cudaSuccess) e = clear_error(cudaEventElapsedTime(&total, ev.start, ev.stop));
+    set_detail(detail, (int)e);
+    if (e != cudaSuccess) return status_of(e);
+    if (ms) *ms = total / (float)iters;
+    return AWQ_OK;
+}
+
+void awq_cuda_default_config(const awq_problem *p, awq_config *c)
+{
+    if (!c) return;
+    memset(c, 0, sizeof *c);
+    c->kernel = AWQ_KERNEL_V4;
+    c->block_size = 256;
+    c->rows = 4;
+    if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
+
+    /* Block: a multiple of 32 near 256 that splits a row's W words evenly
+     * over its x-blocks (W = 192 -> one block of 192, W = 1120 -> 5 x 224),
+     * so no warp of a block idles at the row's end. */
+    const int64_t W = p->N / kColsPerWord;
+    const int64_t per_row = (W + 255) / 256;
+    int block = (int)(((W + per_row - 1) / per_row + 31) / 32 * 32);
+
+    /* Rows per thread: as many as fit one register batch (8) and one group,
+     * for zero/scale reuse and 8 loads in flight per thread -- but fewer when
+     * the grid would not give every SM two blocks (small layers are bound by
+     * latency and by how many SMs take part). */
+    const int64_t min_blocks = 2 * (int64_t)device_sms(p->device);
+    auto blocks = [&](int rows, int b) { return (W + b - 1) / b * v4_tiles(p, rows); };
+    int rows = kV4MaxBatch;
+    while (p->G % rows != 0) rows >>= 1; /* full tiles only: no one-row-at-a-time tail */
+    while (rows > 1 && blocks(rows, block) < min_blocks) rows >>= 1;
+    while (block > 64 && blocks(rows, block) < min_blocks) block = (block / 2 + 31) / 32 * 32;
+    c->rows = rows;
+    c->block_size = block;
+}
+
+int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap)
+{
+    if (!configs || cap <= 0) return 0;
+    int n = 0;
+    auto add = [&](int kernel, int block, int rows) {
+        if (n >= cap) return;
+        for (int i = 0; i < n; ++i)
+            if (configs[i].kernel == kernel && configs[i].block_size == block && configs[i].rows == rows) return;
+        awq_config c;
+        memset(&c, 0, sizeof c);
+        c.kernel = kernel;
+        c.block_size = block;
+        c.rows = rows;
+        configs[n++] = c;
+    };
+    awq_config d;
+    awq_cuda_default_config(p, &d);
+    add(AWQ_KERNEL_V4, d.block_size, d.rows); /* the default first: it survives a small cap */
+    const int64_t G = p && p->G > 0 ? p->G : 1;
+    static const int kBlocks[] = {64, 128, 256, 512};
+    static const int kRows[] = {1, 2, 4, 8};
+    for (int rows : kRows) {
+        if (G % rows != 0) continue; /* a tile never spans two groups: keep tiles full */
+        for (int block : kBlocks) add(AWQ_KERNEL_V4, block, rows);
+    }
+    static const int kV3Blocks[] = {128, 256, 512};
+    for (int block : kV3Blocks) add(AWQ_KERNEL_V3, block, 0);
+    return n;
+}
+
+} /* extern "C" */
