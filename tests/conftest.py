@@ -44,3 +44,14 @@ def rng(request):
 
 def bits(a):
     return awq.reference.to_bits(a)
+
+
+def child_env(**extra):
+    """Environment for a child Python: it imports the same awq_fast_dequant as
+    this process (installed, or an in-place build) whatever its cwd."""
+    import os
+
+    home = os.path.dirname(os.path.dirname(os.path.abspath(awq.__file__)))
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p)
+    return env

@@ -14,7 +14,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 
-from conftest import DTYPES, make_problem
+from conftest import DTYPES, child_env, make_problem
 
 HEADER = "# awq_fast_dequant autotune cache v1\n"
 
@@ -31,8 +31,8 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def _run_py(code, cache, extra_env=None):
-    env = dict(os.environ, AWQ_FAST_DEQUANT_CACHE_DIR=str(cache), PYTHONWARNINGS="default")
-    env.update(extra_env or {})
+    env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(cache), PYTHONWARNINGS="default",
+                    **(extra_env or {}))
     # cwd: away from a source checkout, whose package folder would shadow the installed one
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cache,
                           capture_output=True, text=True, timeout=120)
@@ -157,7 +157,7 @@ def test_four_processes_tune_different_shapes_at_once(tmp_path):
         sc = rng.standard_normal((1, N)).astype(np.float16)
         awq.smart_dequantize(qw, qz, sc)
     """
-    env = dict(os.environ, AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
+    env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(n)], env=env,
                               cwd=tmp_path)
              for n in (64, 128, 256, 512)]
@@ -273,7 +273,7 @@ def test_read_only_folder(cache_dir, rng):
 # ---- command line ----
 
 def test_cli_cache_and_tune(tmp_path):
-    env = dict(os.environ, AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
+    env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
 
     def cli(*args):
         r = subprocess.run([sys.executable, "-m", "awq_fast_dequant", *args], env=env,
