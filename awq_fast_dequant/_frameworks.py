@@ -49,17 +49,16 @@ def allocate(like, device_type: int, device_id: int, K: int, N: int, dtype: str)
         "inputs; pass out= (a torch or CuPy array on the same device)")
 
 
-def default_stream(tp):
-    """A function giving the current stream of arrays of type `tp`, or None
-    when the C core needs no help (NumPy, torch, CPU-only frameworks)."""
-    if _module_of(tp) != "cupy":
+def current_stream(arr):
+    """The current stream of `arr`'s framework on its device, or None when the
+    C core needs no help (CPU arrays, unknown frameworks: the legacy default).
+    Called only for producers without the DLPack C exchange API."""
+    if _module_of(arr) != "cupy":
         return None
     import cupy
 
-    def cupy_stream(arr):
-        if arr.device.id is None:
-            return None
-        with cupy.cuda.Device(arr.device.id):
-            return cupy.cuda.get_current_stream().ptr
-
-    return cupy_stream
+    dev = getattr(arr.device, "id", None)
+    if dev is None:
+        return None
+    with cupy.cuda.Device(dev):
+        return cupy.cuda.get_current_stream().ptr

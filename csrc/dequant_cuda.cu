@@ -284,37 +284,6 @@ template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_k
     }
 }
 
-/* Why: the v2/v3 body -- one packed word: 1 qweight, 1 zero word, 8 scales, 8 outputs. */
-template <class S, class O> __device__ __forceinline__ void word_task(const SimpleArgs &a, int64_t t)
-{
-    const int64_t k = divide(t, a.divW);
-    const int64_t c = t - k * a.W;
-    const int64_t g = divide(k, a.divG);
-    const uint32_t w = __ldg(a.qweight + t); /* t == k * W + c */
-    const uint32_t zw = __ldg(a.qzeros + g * a.W + c);
-    const int64_t sbase = g * a.N + kColsPerWord * c;
-    const int64_t obase = k * a.N + kColsPerWord * c;
-#pragma unroll
-    for (int j = 0; j < kColsPerWord; ++j)
-        store_elem<O>(a.out, obase + j, dequant_one<S, O>(w, zw, j, load_elem<S>(a.scales, sbase + j)));
-}
-
-/* ---- v2: one thread per packed word, compile-time block size ---------- */
-template <class S, class O> __global__ void __launch_bounds__(kV2Block) awq_v2_kernel(const SimpleArgs a)
-{
-    const int64_t stride = (int64_t)gridDim.x * kV2Block;
-    for (int64_t t = (int64_t)blockIdx.x * kV2Block + threadIdx.x; t < a.count; t += stride)
-        word_task<S, O>(a, t);
-}
-
-/* ---- v3: v2 with a runtime block size ---------------------------------- */
-template <class S, class O> __global__ void __launch_bounds__(kMaxBlock) awq_v3_kernel(const SimpleArgs a)
-{
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.count; t += stride)
-        word_task<S, O>(a, t);
-}
-
 /* ======================================================================
  * v4 -- the production kernel
  *
@@ -493,6 +462,36 @@ template <> struct GroupState<F16T, F16T> {
     }
 };
 
+/* Why: the v2/v3 body -- one packed word: 1 qweight, 1 zero word, 8 scales,
+ * 8 outputs; with VEC the 8 scales arrive in one 16-byte load and the 8
+ * outputs leave in one 16-byte store (instead of 8 strided 2-byte ones). */
+template <class S, class O, bool VEC> __device__ __forceinline__ void word_task(const SimpleArgs &a, int64_t t)
+{
+    const int64_t k = divide(t, a.divW);
+    const int64_t c = t - k * a.W;
+    const int64_t g = divide(k, a.divG);
+    const uint32_t w = __ldg(a.qweight + t); /* t == k * W + c */
+    const uint32_t zw = __ldg(a.qzeros + g * a.W + c);
+    const GroupState<S, O> st(zw, load_scales<S, VEC>(a.scales, g * a.N + kColsPerWord * c));
+    store_outputs<O, VEC>(static_cast<typename O::bits *>(a.out) + k * a.N + kColsPerWord * c, st.apply(w));
+}
+
+/* ---- v2: one thread per packed word, compile-time block size ---------- */
+template <class S, class O, bool VEC> __global__ void __launch_bounds__(kV2Block) awq_v2_kernel(const SimpleArgs a)
+{
+    const int64_t stride = (int64_t)gridDim.x * kV2Block;
+    for (int64_t t = (int64_t)blockIdx.x * kV2Block + threadIdx.x; t < a.count; t += stride)
+        word_task<S, O, VEC>(a, t);
+}
+
+/* ---- v3: v2 with a runtime block size ---------------------------------- */
+template <class S, class O, bool VEC> __global__ void __launch_bounds__(kMaxBlock) awq_v3_kernel(const SimpleArgs a)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.count; t += stride)
+        word_task<S, O, VEC>(a, t);
+}
+
 /* Why: issue RB independent qweight loads back to back before any is used. */
 template <int RB> __device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch)
 {
@@ -633,24 +632,27 @@ cudaError_t awq_v1_launch(const awq_problem *p, cudaStream_t stream)
     });
 }
 
-cudaError_t awq_v2_launch(const awq_problem *p, cudaStream_t stream)
+template <bool VEC> cudaError_t v2_launch_vec(const awq_problem *p, int block, cudaStream_t stream)
 {
     const SimpleArgs a = simple_args(p, p->K * (p->N / kColsPerWord));
-    const unsigned grid = grid_for(a.count, kV2Block);
+    const unsigned grid = grid_for(a.count, block == 0 ? kV2Block : block);
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v2_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, kV2Block, 0, stream>>>(a);
+        using S = typename decltype(st)::type;
+        using O = typename decltype(ot)::type;
+        if (block == 0)
+            awq_v2_kernel<S, O, VEC><<<grid, kV2Block, 0, stream>>>(a);
+        else
+            awq_v3_kernel<S, O, VEC><<<grid, block, 0, stream>>>(a);
         return cudaGetLastError();
     });
 }
 
-cudaError_t awq_v3_launch(const awq_problem *p, int block, cudaStream_t stream)
+bool v4_vector_ok(const awq_problem *p);
+
+/* v2 (block == 0: the compile-time block) and v3 (runtime block). */
+cudaError_t awq_v2_launch(const awq_problem *p, int block, cudaStream_t stream)
 {
-    const SimpleArgs a = simple_args(p, p->K * (p->N / kColsPerWord));
-    const unsigned grid = grid_for(a.count, block);
-    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v3_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, block, 0, stream>>>(a);
-        return cudaGetLastError();
-    });
+    return v4_vector_ok(p) ? v2_launch_vec<true>(p, block, stream) : v2_launch_vec<false>(p, block, stream);
 }
 
 constexpr uintptr_t kVecBytes = 16; /* one 128-bit access */
@@ -866,8 +868,8 @@ cudaError_t launch_config(const awq_problem *p, const awq_config *c, cudaStream_
     if (is_empty(p)) return cudaSuccess;
     switch (c->kernel) {
     case AWQ_KERNEL_V1: return awq_v1_launch(p, stream);
-    case AWQ_KERNEL_V2: return awq_v2_launch(p, stream);
-    case AWQ_KERNEL_V3: return awq_v3_launch(p, c->block_size, stream);
+    case AWQ_KERNEL_V2: return awq_v2_launch(p, 0, stream);
+    case AWQ_KERNEL_V3: return awq_v2_launch(p, c->block_size, stream);
     case AWQ_KERNEL_V4: return awq_v4_launch(p, c->block_size, c->rows, stream);
     default: return cudaErrorInvalidValue; /* unreachable: check_config */
     }

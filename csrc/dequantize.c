@@ -582,7 +582,75 @@ int awq_run(const awq_problem *p, const awq_config *c)
     return awq_raise_status(s, detail, p);
 }
 
-static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int smart)
+/* Argument slots of dequantize / smart_dequantize, in signature order. */
+enum { A_QWEIGHT, A_QZEROS, A_SCALES, A_GROUP, A_OUT, A_OUT_DTYPE, A_KERNEL, A_BLOCK, A_STREAM,
+       A_COUNT };
+static const char *const kKwNames[A_COUNT] = {"qweight", "qzeros",    "scales",
+                                              "group_size", "out",    "out_dtype",
+                                              "kernel",     "block_size", "stream"};
+
+/* FASTCALL + keywords by hand: interned names compare by pointer, so a call
+ * with keywords costs a few compares instead of a dict. */
+static int parse_call(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames, int smart, PyObject **slots)
+{
+    static PyObject *interned[A_COUNT];
+    for (int i = 0; i < A_COUNT; i++) {
+        slots[i] = NULL;
+        if (interned[i] == NULL && (interned[i] = PyUnicode_InternFromString(kKwNames[i])) == NULL)
+            return -1;
+    }
+    if (nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 3 positional arguments but %zd were given",
+                     fname, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        slots[i] = args[i];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int idx = -1;
+        for (int i = 0; i < A_COUNT && idx < 0; i++)
+            if (key == interned[i])
+                idx = i;
+        for (int i = 0; i < A_COUNT && idx < 0; i++)
+            if (PyUnicode_CompareWithASCIIString(key, kKwNames[i]) == 0)
+                idx = i;
+        if (idx < 0 || (smart && (idx == A_KERNEL || idx == A_BLOCK))) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                         key);
+            return -1;
+        }
+        if (slots[idx] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
+                         kKwNames[idx]);
+            return -1;
+        }
+        slots[idx] = args[nargs + j];
+    }
+    for (int i = 0; i < 3; i++)
+        if (slots[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname,
+                         kKwNames[i]);
+            return -1;
+        }
+    for (int i = 3; i < A_COUNT; i++)
+        if (slots[i] == NULL)
+            slots[i] = Py_None;
+    return 0;
+}
+
+/* The framework's current stream for producers that cannot tell us through
+ * the DLPack exchange API (CuPy): asked of the package's Python hook. */
+static PyObject *hooked_stream(awq_state *st, PyObject *qweight)
+{
+    if (st->stream_hook == NULL || PyArray_Check(qweight) || awq_exchange_api(st, qweight) != NULL)
+        return Py_NewRef(Py_None);
+    return PyObject_CallOneArg(st->stream_hook, qweight);
+}
+
+static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int smart, int rows)
 {
     awq_state *st = awq_get_state(module);
     views vs;
@@ -597,22 +665,20 @@ static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int sm
 
     memset(&vs, 0, sizeof vs);
     memset(&p, 0, sizeof p);
-    ca.group_size = args[3];
-    PyObject *out_obj = args[4];
-    ca.out_dtype = args[5];
+    ca.group_size = args[A_GROUP];
+    PyObject *out_obj = args[A_OUT];
+    ca.out_dtype = args[A_OUT_DTYPE];
     ca.smart = smart;
-    PyObject *stream_obj;
-    if (smart) {
-        ca.kernel = NULL;
-        ca.block_size = Py_None;
-        stream_obj = args[6];
-    } else {
-        ca.kernel = args[6];
-        ca.block_size = args[7];
-        stream_obj = args[8];
-    }
+    ca.kernel = args[A_KERNEL];
+    ca.block_size = args[A_BLOCK];
 
-    if (parse_stream(st, stream_obj, &opts, &stream_handle) < 0)
+    PyObject *stream_obj = args[A_STREAM] != Py_None ? Py_NewRef(args[A_STREAM])
+                                                     : hooked_stream(st, args[A_QWEIGHT]);
+    if (stream_obj == NULL)
+        return NULL;
+    int r = parse_stream(st, stream_obj, &opts, &stream_handle);
+    Py_DECREF(stream_obj);
+    if (r < 0)
         return NULL;
     for (int i = 0; i < NUM_ARGS; i++) {
         PyObject *o = i == ARG_OUT ? out_obj : args[i];
@@ -624,6 +690,8 @@ static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int sm
     }
     if (validate(&vs, &ca, &p, &cfg) < 0)
         goto done;
+    if (rows > 0)
+        cfg.rows = rows;
 
     /* The stream: the caller's, else the producer's current one, else the
      * legacy default. */
@@ -665,20 +733,42 @@ done:
     return result;
 }
 
-PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "_C.dequantize takes 9 positional arguments");
+    PyObject *slots[A_COUNT];
+    if (parse_call("dequantize", args, nargs, kwnames, 0, slots) < 0)
         return NULL;
-    }
-    return dequantize_impl(module, args, 0);
+    if (slots[A_KERNEL] == Py_None)
+        slots[A_KERNEL] = awq_get_state(module)->str_auto;
+    return dequantize_impl(module, slots, 0, 0);
 }
 
-PyObject *awq_py_smart_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+PyObject *awq_py_smart_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
+{
+    PyObject *slots[A_COUNT];
+    if (parse_call("smart_dequantize", args, nargs, kwnames, 1, slots) < 0)
+        return NULL;
+    return dequantize_impl(module, slots, 1, 0);
+}
+
+/* Development entry: v4's rows (not a public knob) for sweeps. */
+PyObject *awq_py_launch_config(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "_C.smart_dequantize takes 7 positional arguments");
+        PyErr_SetString(PyExc_TypeError,
+                        "_launch_config(qweight, qzeros, scales, out, kernel, block_size, rows)");
         return NULL;
     }
-    return dequantize_impl(module, args, 1);
+    long rows = PyLong_AsLong(args[6]);
+    if (rows == -1 && PyErr_Occurred())
+        return NULL;
+    if (rows < 1 || rows > 64 || (rows & (rows - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "rows must be a power of two in [1, 64]");
+        return NULL;
+    }
+    PyObject *slots[A_COUNT] = {args[0], args[1], args[2], Py_None, args[3],
+                                Py_None, args[4], args[5], Py_None};
+    return dequantize_impl(module, slots, 0, (int)rows);
 }

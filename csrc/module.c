@@ -67,31 +67,59 @@ done:
     return res;
 }
 
-/* The package registers the callable that allocates outputs for
- * frameworks without the DLPack C exchange API. */
-static PyObject *py_set_allocator(PyObject *module, PyObject *fn)
+/* The package registers its framework glue: the callable that allocates
+ * outputs for frameworks without the DLPack C exchange API, and the one that
+ * names the current stream of those frameworks (CuPy). */
+static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     awq_state *st = awq_get_state(module);
-    if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "allocator must be callable");
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_set_hooks(allocator, stream_hook) takes two callables");
         return NULL;
     }
-    Py_XSETREF(st->allocator, Py_NewRef(fn));
+    Py_XSETREF(st->allocator, Py_NewRef(args[0]));
+    Py_XSETREF(st->stream_hook, Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
+#define DEQUANTIZE_DOC \
+    "dequantize(qweight, qzeros, scales, *, group_size=None, out=None, out_dtype=None,\n" \
+    "           kernel='auto', block_size=None, stream=None)\n--\n\n" \
+    "Dequantize AWQ weights: out[k, n] = (q - z) * scale, rounded once.\n\n" \
+    "qweight: int32/uint32 [K, N/8], eight 4-bit weights per element.\n" \
+    "qzeros: int32/uint32 [K/G, N/8], packed like qweight.\n" \
+    "scales: float16/bfloat16/float32 [K/G, N].\n" \
+    "group_size: G; default K / scales.shape[0]; -1 means G = K.\n" \
+    "out: optional [K, N] destination (same device, the output dtype).\n" \
+    "out_dtype: float16/bfloat16/float32 (name, NumPy or torch dtype); default: scales' dtype.\n" \
+    "kernel: 'auto', 'v1', 'v2', 'v3', 'v4' (CUDA) or 'cpu'; all give the same bits.\n" \
+    "block_size: threads per block for v3/v4 (a multiple of 32, at most 1024).\n" \
+    "stream: CUDA stream (int handle, torch.cuda.Stream, cupy Stream); default: the\n" \
+    "    framework's current stream of the tensors' device, else the legacy default.\n\n" \
+    "Returns out, or a new [K, N] array in the framework of qweight."
+
+#define SMART_DOC \
+    "smart_dequantize(qweight, qzeros, scales, *, group_size=None, out=None, out_dtype=None,\n" \
+    "                 stream=None)\n--\n\n" \
+    "Like dequantize, with the launch tuned once per layer shape.\n\n" \
+    "The first call for a (device, K, N, G, dtypes) key times every candidate\n" \
+    "configuration and stores the fastest in a C hash table persisted to cache_path();\n" \
+    "later calls cost one lookup.  AWQ_FAST_DEQUANT_AUTOTUNE=0 disables tuning."
+
 static PyMethodDef awq_methods[] = {
-    {"dequantize", (PyCFunction)(void (*)(void))awq_py_dequantize, METH_FASTCALL,
-     "dequantize(qweight, qzeros, scales, group_size, out, out_dtype, kernel, block_size, "
-     "stream)\n--\n\nPositional core of awq_fast_dequant.dequantize."},
-    {"smart_dequantize", (PyCFunction)(void (*)(void))awq_py_smart_dequantize, METH_FASTCALL,
-     "smart_dequantize(qweight, qzeros, scales, group_size, out, out_dtype, stream)\n--\n\n"
-     "Positional core of awq_fast_dequant.smart_dequantize."},
+    {"dequantize", (PyCFunction)(void (*)(void))awq_py_dequantize,
+     METH_FASTCALL | METH_KEYWORDS, DEQUANTIZE_DOC},
+    {"smart_dequantize", (PyCFunction)(void (*)(void))awq_py_smart_dequantize,
+     METH_FASTCALL | METH_KEYWORDS, SMART_DOC},
+    {"_launch_config", (PyCFunction)(void (*)(void))awq_py_launch_config, METH_FASTCALL,
+     "_launch_config(qweight, qzeros, scales, out, kernel, block_size, rows): development "
+     "entry that also sets v4's rows per thread (sweeps)."},
     {"cuda_available", py_cuda_available, METH_NOARGS,
      "True when the CUDA backend is compiled in and a CUDA device is usable."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},
     {"build_info", py_build_info, METH_NOARGS, "What was compiled in."},
-    {"_set_allocator", py_set_allocator, METH_O, "Register the output allocator."},
+    {"_set_hooks", (PyCFunction)(void (*)(void))py_set_hooks, METH_FASTCALL,
+     "Register the framework glue (allocator, stream hook)."},
     {"cache_path", awq_py_cache_path, METH_NOARGS, "Path of the autotune cache file."},
     {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
     {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},
@@ -116,7 +144,8 @@ static int awq_exec(PyObject *module)
     if (intern(&st->str_dlpack, "__dlpack__") < 0 ||
         intern(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
         intern(&st->str_max_version, "max_version") < 0 || intern(&st->str_stream, "stream") < 0 ||
-        intern(&st->str_cuda_stream, "cuda_stream") < 0 || intern(&st->str_ptr, "ptr") < 0)
+        intern(&st->str_cuda_stream, "cuda_stream") < 0 || intern(&st->str_ptr, "ptr") < 0 ||
+        intern(&st->str_auto, "auto") < 0)
         return -1;
     st->max_version = Py_BuildValue("(ii)", AWQ_DLPACK_MAJOR, AWQ_DLPACK_MINOR);
     if (st->max_version == NULL)
@@ -137,6 +166,7 @@ static int awq_traverse(PyObject *module, visitproc visit, void *arg)
     if (st == NULL)
         return 0;
     Py_VISIT(st->allocator);
+    Py_VISIT(st->stream_hook);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_VISIT(st->api_cache[i].type);
     return 0;
@@ -148,6 +178,8 @@ static int awq_clear(PyObject *module)
     if (st == NULL)
         return 0;
     Py_CLEAR(st->allocator);
+    Py_CLEAR(st->stream_hook);
+    Py_CLEAR(st->str_auto);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_CLEAR(st->api_cache[i].type);
     st->api_cache_len = 0;

@@ -36,7 +36,9 @@ typedef struct {
 typedef struct {
     awq_api_entry api_cache[AWQ_API_CACHE];
     int api_cache_len;
-    PyObject *allocator;  /* package-provided callable(like, device_type, device_id, K, N, dtype) */
+    PyObject *allocator;   /* package-provided callable(like, device_type, device_id, K, N, dtype) */
+    PyObject *stream_hook; /* package-provided callable(array) -> current stream or None */
+    PyObject *str_auto;    /* "auto", the default kernel */
     PyObject *str_dlpack; /* interned attribute names */
     PyObject *str_dlpack_device;
     PyObject *str_max_version;
@@ -56,8 +58,11 @@ static inline awq_state *awq_get_state(PyObject *module)
 }
 
 /* dequantize.c */
-PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *awq_py_smart_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
+PyObject *awq_py_smart_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames);
+PyObject *awq_py_launch_config(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* Run a validated problem on its backend (GIL released on the CPU);
  * 0, or -1 with an exception set. */
