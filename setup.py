@@ -14,6 +14,7 @@ Build knobs (environment variables):
   AWQ_FAST_DEQUANT_DEBUG=1          -O0 -g, host and device
   AWQ_FAST_DEQUANT_WERROR=1         warnings are errors (CI)
   AWQ_FAST_DEQUANT_SANITIZE=address build the C code with a sanitizer
+  AWQ_FAST_DEQUANT_NVCC_FLAGS="..."  extra nvcc flags (kernel experiments)
 """
 
 import os
@@ -172,6 +173,7 @@ class BuildExt(build_ext):
             cmd += ["-O0", "-g", "-G"] if debug else ["-O3", "-lineinfo"]
             if env_flag("AWQ_FAST_DEQUANT_WERROR"):
                 cmd += ["-Werror", "all-warnings"]
+            cmd += os.environ.get("AWQ_FAST_DEQUANT_NVCC_FLAGS", "").split()
             log(" ".join(cmd))
             subprocess.run(cmd, check=True)
             objects.append(obj)

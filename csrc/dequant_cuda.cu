@@ -358,6 +358,38 @@ template <class S, bool VEC> __device__ __forceinline__ ScaleBits<S> load_scales
     return s;
 }
 
+/* Cache policy of the two big streams (packed weights in, dense weights
+ * out).  Each is touched exactly once.  The variants are build-time
+ * switches (AWQ_FAST_DEQUANT_NVCC_FLAGS=-D...) kept for measuring them. */
+
+/* Why: qweight is read once -- read-only path; optionally ask L2 for 256 B
+ * (the neighbouring warp's words) per miss. */
+__device__ __forceinline__ uint32_t load_stream(const uint32_t *p)
+{
+#if defined(AWQ_V4_LD_L2_256) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
+/* Why: out is written once and never reread here -- evict-first streaming
+ * store by default (st.global.cs). */
+__device__ __forceinline__ void store_stream(uint4 *p, uint4 v)
+{
+#if defined(AWQ_V4_ST_WB)
+    *p = v;
+#elif defined(AWQ_V4_ST_NA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+#else
+    __stcs(p, v);
+#endif
+}
+
 /* Output bits of one row of one word-column: 4 words (16-bit types) or 8 (f32). */
 template <class O> struct OutBits {
     static constexpr int kWords = is_16bit<O>::value ? 4 : 8;
@@ -371,7 +403,7 @@ template <class O, bool VEC> __device__ __forceinline__ void store_outputs(void 
         uint4 *v = static_cast<uint4 *>(dst);
 #pragma unroll
         for (int h = 0; h < OutBits<O>::kWords / 4; ++h)
-            __stcs(v + h, make_uint4(o.w[4 * h], o.w[4 * h + 1], o.w[4 * h + 2], o.w[4 * h + 3]));
+            store_stream(v + h, make_uint4(o.w[4 * h], o.w[4 * h + 1], o.w[4 * h + 2], o.w[4 * h + 3]));
     } else if constexpr (is_16bit<O>::value) {
 #pragma unroll
         for (int p = 0; p < kPairsPerWord; ++p) {
@@ -496,7 +528,7 @@ template <class S, class O, bool VEC> __global__ void __launch_bounds__(kMaxBloc
 template <int RB> __device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch)
 {
 #pragma unroll
-    for (int r = 0; r < RB; ++r) q[r] = __ldg(p + r * pitch);
+    for (int r = 0; r < RB; ++r) q[r] = load_stream(p + r * pitch);
 }
 
 /* Why: a value equal to x that the compiler must compute after every q[r] has

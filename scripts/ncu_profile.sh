@@ -22,6 +22,9 @@ group=${2:-128}
 dtype=${3:-float16}
 outdir=${4:-ncu_out}
 PYTHON=${PYTHON:-python3}
+# Never import the package from a source checkout in the current folder (it
+# has no compiled _C): Python 3.11+ then leaves the cwd off sys.path.
+export PYTHONSAFEPATH=1
 KERNELS=${KERNELS:-v1,v2,v3,v4}
 KERNEL_REGEX=${KERNEL_REGEX:-awq_v[1-4]}
 

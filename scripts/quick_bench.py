@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--kernels", default="v1,v2,v3,v4")
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--sweep", action="store_true", help="v4 over block sizes x rows")
     args = ap.parse_args()
     dt = getattr(torch, args.dtype)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
@@ -61,13 +62,26 @@ def main():
             us = timed(fn, flush, args.reps)
             row.append(f"{us:9.2f} {100 * nbytes / us / 1e3 / copy_bw:4.0f}")
         print(f"{K:>5}x{N:<6} " + " ".join(row), flush=True)
+        if args.sweep:
+            res = []
+            for block in (128, 256, 512):
+                for rows in (2, 4, 8):
+                    fn = lambda: awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
+                    fn()
+                    res.append((timed(fn, flush, args.reps), block, rows))
+            res.sort()
+            print("    sweep best: " + ", ".join(f"b{b} r{r} {us:.2f}us ({100 * nbytes / us / 1e3 / copy_bw:.0f}%)"
+                                           for us, b, r in res[:4]), flush=True)
     # host overhead with the GPU kept busy
     K, N = 1536, 1536
     qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda")
     qz = torch.randint(-2**31, 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda")
     sc = torch.randn((K // G, N), device="cuda").half()
     out = torch.empty((K, N), dtype=torch.half, device="cuda")
-    for name, fn in (("dequantize(out=)", lambda: awq.dequantize(qw, qz, sc, out=out)),
+    e_qw, e_qz, e_sc = qw[:0], qz[:0], sc[:0]
+    e_out = out[:0]
+    for name, fn in (("empty (no launch)", lambda: awq.dequantize(e_qw, e_qz, e_sc, group_size=128, out=e_out)),
+                     ("dequantize(out=)", lambda: awq.dequantize(qw, qz, sc, out=out)),
                      ("dequantize()", lambda: awq.dequantize(qw, qz, sc)),
                      ("smart(out=)", lambda: awq.smart_dequantize(qw, qz, sc, out=out)),
                      ("torch add_", lambda: out.add_(1))):
