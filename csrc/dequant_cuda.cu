@@ -302,12 +302,14 @@ template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_k
  * Per (tile, c) a thread (1) issues every independent load at once -- the
  * zero word, the group's 8 scales (16 B; 32 B for f32) and the first RB rows
  * of qweight, RB = min(R, 8) -- (2) decodes the zeros/scales once into
- * registers, (3) per row computes 8 outputs and streams them out with
- * __stcs.  R > 8 rows go in batches of 8 (register arrays are indexed only
- * by constants).  No per-row branches: the batch is straight-line code.
+ * registers, (3) per row computes 8 outputs and stores them (16 bytes a
+ * lane; the cache policy is the Access mode).  R > 8 rows go in batches of 8
+ * (register arrays are indexed only by constants).  No per-row branches:
+ * the batch is straight-line code.
  *
- * VEC: scales and out are 16-byte aligned (checked on the host): one 16-byte
- * access per 8 elements (two for f32); otherwise element-wise accesses.
+ * ACC != kAccScalar: scales and out are 16-byte aligned (checked on the
+ * host): one 16-byte access per 8 elements (two for f32); otherwise
+ * element-wise accesses.
  * ====================================================================== */
 struct V4Args {
     const uint32_t *qweight;
@@ -358,36 +360,21 @@ template <class S, bool VEC> __device__ __forceinline__ ScaleBits<S> load_scales
     return s;
 }
 
-/* Cache policy of the two big streams (packed weights in, dense weights
- * out).  Each is touched exactly once.  The variants are build-time
- * switches (AWQ_FAST_DEQUANT_NVCC_FLAGS=-D...) kept for measuring them. */
+/* How a kernel touches memory: element by element (any alignment), or with
+ * 16-byte accesses whose output stores either stream past L2 (st.global.cs,
+ * evict-first) or go through it as ordinary write-back stores.  Measured on
+ * an H200 (docs/KERNELS.md): write-back is 1-2% faster once the output is
+ * larger than a few MB (L2 drains it in longer bursts), streaming is ~6%
+ * faster when it fits in L2 many times over.  The host picks per launch. */
+enum Access { kAccScalar = 0, kAccStream = 1, kAccWriteBack = 2 };
 
-/* Why: qweight is read once -- read-only path; optionally ask L2 for 256 B
- * (the neighbouring warp's words) per miss. */
-__device__ __forceinline__ uint32_t load_stream(const uint32_t *p)
+/* Why: one 16-byte store with the cache policy of the access mode. */
+template <int ACC> __device__ __forceinline__ void store_wide(uint4 *p, uint4 v)
 {
-#if defined(AWQ_V4_LD_L2_256) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    uint32_t v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-#else
-    return __ldg(p);
-#endif
-}
-
-/* Why: out is written once and never reread here -- evict-first streaming
- * store by default (st.global.cs). */
-__device__ __forceinline__ void store_stream(uint4 *p, uint4 v)
-{
-#if defined(AWQ_V4_ST_WB)
-    *p = v;
-#elif defined(AWQ_V4_ST_NA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-#else
-    __stcs(p, v);
-#endif
+    if constexpr (ACC == kAccWriteBack)
+        *p = v;
+    else
+        __stcs(p, v);
 }
 
 /* Output bits of one row of one word-column: 4 words (16-bit types) or 8 (f32). */
@@ -397,13 +384,13 @@ template <class O> struct OutBits {
 };
 
 /* Why: write 8 outputs with the widest legal access, streaming (written once, never reread). */
-template <class O, bool VEC> __device__ __forceinline__ void store_outputs(void *dst, const OutBits<O> &o)
+template <class O, int ACC> __device__ __forceinline__ void store_outputs(void *dst, const OutBits<O> &o)
 {
-    if constexpr (VEC) {
+    if constexpr (ACC != kAccScalar) {
         uint4 *v = static_cast<uint4 *>(dst);
 #pragma unroll
         for (int h = 0; h < OutBits<O>::kWords / 4; ++h)
-            store_stream(v + h, make_uint4(o.w[4 * h], o.w[4 * h + 1], o.w[4 * h + 2], o.w[4 * h + 3]));
+            store_wide<ACC>(v + h, make_uint4(o.w[4 * h], o.w[4 * h + 1], o.w[4 * h + 2], o.w[4 * h + 3]));
     } else if constexpr (is_16bit<O>::value) {
 #pragma unroll
         for (int p = 0; p < kPairsPerWord; ++p) {
@@ -505,7 +492,9 @@ template <class S, class O, bool VEC> __device__ __forceinline__ void word_task(
     const uint32_t w = __ldg(a.qweight + t); /* t == k * W + c */
     const uint32_t zw = __ldg(a.qzeros + g * a.W + c);
     const GroupState<S, O> st(zw, load_scales<S, VEC>(a.scales, g * a.N + kColsPerWord * c));
-    store_outputs<O, VEC>(static_cast<typename O::bits *>(a.out) + k * a.N + kColsPerWord * c, st.apply(w));
+    store_outputs<O, VEC ? kAccStream : kAccScalar>(static_cast<typename O::bits *>(a.out) + k * a.N +
+                                                       kColsPerWord * c,
+                                                   st.apply(w));
 }
 
 /* ---- v2: one thread per packed word, compile-time block size ---------- */
@@ -528,7 +517,7 @@ template <class S, class O, bool VEC> __global__ void __launch_bounds__(kMaxBloc
 template <int RB> __device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch)
 {
 #pragma unroll
-    for (int r = 0; r < RB; ++r) q[r] = load_stream(p + r * pitch);
+    for (int r = 0; r < RB; ++r) q[r] = __ldg(p + r * pitch);
 }
 
 /* Why: a value equal to x that the compiler must compute after every q[r] has
@@ -546,15 +535,15 @@ template <int RB> __device__ __forceinline__ uint32_t after_loads(uint32_t x, co
 
 /* Why: rows one at a time -- only for what is left of a short tile (a group's
  * last tile when R does not divide G), so the full batches stay branch-free. */
-template <class S, class O, bool VEC>
+template <class S, class O, int ACC>
 __device__ __forceinline__ void v4_rows_one_by_one(const GroupState<S, O> &st, const uint32_t *qp,
                                                    typename O::bits *op, int64_t W, int64_t N, int n)
 {
-    for (int r = 0; r < n; ++r, qp += W, op += N) store_outputs<O, VEC>(op, st.apply(__ldg(qp)));
+    for (int r = 0; r < n; ++r, qp += W, op += N) store_outputs<O, ACC>(op, st.apply(__ldg(qp)));
 }
 
 /* Why: all work of one word-column c of one row tile (rows k0 .. k0+nrows-1 of group g). */
-template <class S, class O, int RB, bool VEC>
+template <class S, class O, int RB, int ACC>
 __device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0, int nrows, int64_t c)
 {
     using OB = typename O::bits;
@@ -563,9 +552,9 @@ __device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0
 
     /* 1. every independent load of the first batch, before any use */
     const uint32_t zword = __ldg(a.qzeros + g * a.W + c);
-    const ScaleBits<S> sb = load_scales<S, VEC>(a.scales, g * a.N + kColsPerWord * c);
+    const ScaleBits<S> sb = load_scales<S, ACC != kAccScalar>(a.scales, g * a.N + kColsPerWord * c);
     if (nrows < RB) { /* short tile: rare (R does not divide G) */
-        v4_rows_one_by_one<S, O, VEC>(GroupState<S, O>(zword, sb), qp, op, a.W, a.N, nrows);
+        v4_rows_one_by_one<S, O, ACC>(GroupState<S, O>(zword, sb), qp, op, a.W, a.N, nrows);
         return;
     }
     uint32_t q[RB];
@@ -578,17 +567,17 @@ __device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0
     int left = nrows;
     for (;;) {
 #pragma unroll
-        for (int r = 0; r < RB; ++r) store_outputs<O, VEC>(op + r * a.N, st.apply(q[r]));
+        for (int r = 0; r < RB; ++r) store_outputs<O, ACC>(op + r * a.N, st.apply(q[r]));
         left -= RB;
         qp += RB * a.W;
         op += RB * a.N;
         if (RB < kV4MaxBatch || left < RB) break; /* RB < 8 is launched only for R == RB */
         load_rows<RB>(q, qp, a.W);
     }
-    if (RB == kV4MaxBatch && left > 0) v4_rows_one_by_one<S, O, VEC>(st, qp, op, a.W, a.N, left);
+    if (RB == kV4MaxBatch && left > 0) v4_rows_one_by_one<S, O, ACC>(st, qp, op, a.W, a.N, left);
 }
 
-template <class S, class O, int RB, bool VEC>
+template <class S, class O, int RB, int ACC>
 __global__ void __launch_bounds__(kMaxBlock) awq_v4_kernel(const V4Args a)
 {
     const int64_t cstride = (int64_t)gridDim.x * blockDim.x;
@@ -598,7 +587,7 @@ __global__ void __launch_bounds__(kMaxBlock) awq_v4_kernel(const V4Args a)
         const int nrows = (int)min(a.R, a.G - r0);    /* < R only for a group's last tile */
         const int64_t k0 = g * a.G + r0;
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.W; c += cstride)
-            v4_column<S, O, RB, VEC>(a, g, k0, nrows, c);
+            v4_column<S, O, RB, ACC>(a, g, k0, nrows, c);
     }
 }
 
@@ -713,26 +702,29 @@ dim3 v4_grid(const awq_problem *p, int64_t R, int block)
     return dim3(grid_for(p->N / kColsPerWord, block), (unsigned)(y < kMaxGridY ? (y < 1 ? 1 : y) : kMaxGridY), 1);
 }
 
-template <int RB, bool VEC>
+template <int RB, int ACC>
 cudaError_t v4_launch_rb(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
 {
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, RB, VEC>
+        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, RB, ACC>
             <<<grid, block, 0, stream>>>(a);
         return cudaGetLastError();
     });
 }
 
-template <bool VEC>
-cudaError_t v4_launch_vec(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
+template <int ACC>
+cudaError_t v4_launch_acc(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
 {
     switch (a.R) { /* RB = min(R, kV4MaxBatch) */
-    case 1: return v4_launch_rb<1, VEC>(p, a, grid, block, stream);
-    case 2: return v4_launch_rb<2, VEC>(p, a, grid, block, stream);
-    case 4: return v4_launch_rb<4, VEC>(p, a, grid, block, stream);
-    default: return v4_launch_rb<kV4MaxBatch, VEC>(p, a, grid, block, stream);
+    case 1: return v4_launch_rb<1, ACC>(p, a, grid, block, stream);
+    case 2: return v4_launch_rb<2, ACC>(p, a, grid, block, stream);
+    case 4: return v4_launch_rb<4, ACC>(p, a, grid, block, stream);
+    default: return v4_launch_rb<kV4MaxBatch, ACC>(p, a, grid, block, stream);
     }
 }
+
+/* Outputs up to this size stream past L2 (see Access). */
+constexpr int64_t kStreamOutBytes = 8ll << 20;
 
 cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
 {
@@ -750,8 +742,10 @@ cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_
     a.divT = make_divisor(a.tpg);
     a.zero = 0;
     const dim3 grid = v4_grid(p, rows, block);
-    return v4_vector_ok(p) ? v4_launch_vec<true>(p, a, grid, block, stream)
-                           : v4_launch_vec<false>(p, a, grid, block, stream);
+    if (!v4_vector_ok(p)) return v4_launch_acc<kAccScalar>(p, a, grid, block, stream);
+    const int64_t out_bytes = awq_numel(p) * (int64_t)awq_dtype_size(p->out_dtype);
+    return out_bytes <= kStreamOutBytes ? v4_launch_acc<kAccStream>(p, a, grid, block, stream)
+                                        : v4_launch_acc<kAccWriteBack>(p, a, grid, block, stream);
 }
 
 /* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
@@ -1040,20 +1034,18 @@ void awq_cuda_default_config(const awq_problem *p, awq_config *c)
     c->rows = 4;
     if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
 
-    /* Block: a multiple of 32 near 256 that splits a row's W words evenly
-     * over its x-blocks (W = 192 -> one block of 192, W = 1120 -> 5 x 224),
-     * so no warp of a block idles at the row's end. */
+    /* Measured on an H200 over the DESIGN.md shapes (docs/KERNELS.md):
+     * 256 threads and 4 rows a thread are best from ~32M elements up; below
+     * that 8 rows (one group word and scale load for 8 rows, 8 loads in
+     * flight), with 512 threads when a row has that many words.  Fewer rows
+     * (then fewer threads) only while the grid would not give every SM two
+     * blocks: small layers are bound by latency and by how many SMs take part. */
     const int64_t W = p->N / kColsPerWord;
-    const int64_t per_row = (W + 255) / 256;
-    int block = (int)(((W + per_row - 1) / per_row + 31) / 32 * 32);
-
-    /* Rows per thread: as many as fit one register batch (8) and one group,
-     * for zero/scale reuse and 8 loads in flight per thread -- but fewer when
-     * the grid would not give every SM two blocks (small layers are bound by
-     * latency and by how many SMs take part). */
+    const bool big = p->K * p->N > (32ll << 20);
+    int rows = big ? 4 : kV4MaxBatch;
+    int block = !big && W >= 512 ? 512 : 256;
     const int64_t min_blocks = 2 * (int64_t)device_sms(p->device);
-    auto blocks = [&](int rows, int b) { return (W + b - 1) / b * v4_tiles(p, rows); };
-    int rows = kV4MaxBatch;
+    auto blocks = [&](int r, int b) { return (W + b - 1) / b * v4_tiles(p, r); };
     while (p->G % rows != 0) rows >>= 1; /* full tiles only: no one-row-at-a-time tail */
     while (rows > 1 && blocks(rows, block) < min_blocks) rows >>= 1;
     while (block > 64 && blocks(rows, block) < min_blocks) block = (block / 2 + 31) / 32 * 32;
