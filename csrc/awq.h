@@ -117,11 +117,24 @@ awq_status awq_cuda_device_identity(int device, char *name, size_t name_len, int
 /* 1 when `stream` on `device` is capturing a CUDA graph, 0 otherwise. */
 awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, int *detail);
 
-/* Time a configuration: `warmup` launches, then `iters` launches bracketed
- * by CUDA events on p->stream; *ms receives the mean time of one launch.
- * Synchronizes on the end event only (tuning, never the hot path). */
-awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, int warmup, int iters,
-                         float *ms, int *detail);
+/* Scratch memory written between timed launches so that each starts with
+ * a cold L2, as a layer does inside a model (and as the benchmark times
+ * it).  ptr is NULL when it could not be allocated: timing then runs warm. */
+typedef struct {
+    int device;
+    void *ptr;
+    size_t bytes; /* twice the device's L2 */
+} awq_cuda_flush;
+
+awq_status awq_cuda_flush_create(int device, awq_cuda_flush *f, int *detail);
+void awq_cuda_flush_destroy(awq_cuda_flush *f);
+
+/* Time a configuration: `warmup` launches, then `iters` launches, each
+ * preceded by a write of `flush` (when given) and bracketed by its own CUDA
+ * events on p->stream; *ms receives the median time of one launch.
+ * Synchronizes on the last event only (tuning, never the hot path). */
+awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cuda_flush *flush,
+                         int warmup, int iters, float *ms, int *detail);
 
 /* Fill `configs` with up to `cap` candidate configurations for this
  * problem (the autotuner's search space); returns how many. */

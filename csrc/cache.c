@@ -101,13 +101,13 @@ static int device_key(const awq_problem *p, char *buf, size_t n, int *detail)
 
 /* ---- tuning ---- */
 
+/* ctx: the awq_cuda_flush of this tuning (cold-L2 timing, like the benchmark). */
 static awq_status cuda_time_us(const awq_problem *p, const awq_config *c, float *us, int *detail,
                                void *ctx)
 {
-    (void)ctx;
     float ms = 0.0f;
-    /* one warm-up launch, then a handful of timed ones */
-    awq_status s = awq_cuda_time(p, c, 1, 5, &ms, detail);
+    /* one warm-up launch, then a handful of timed ones; the median counts */
+    awq_status s = awq_cuda_time(p, c, (const awq_cuda_flush *)ctx, 1, 5, &ms, detail);
     *us = ms * 1000.0f;
     return s;
 }
@@ -154,7 +154,15 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
         n = awq_cpu_candidates(p, cands, MAX_CANDIDATES);
     }
     Py_BEGIN_ALLOW_THREADS
-    s = awq_tune(p, cands, n, p->device >= 0 ? cuda_time_us : awq_cpu_time, NULL, &val, detail);
+    if (p->device >= 0) {
+        awq_cuda_flush flush;
+        s = awq_cuda_flush_create(p->device, &flush, detail);
+        if (s == AWQ_OK)
+            s = awq_tune(p, cands, n, cuda_time_us, &flush, &val, detail);
+        awq_cuda_flush_destroy(&flush);
+    } else {
+        s = awq_tune(p, cands, n, awq_cpu_time, NULL, &val, detail);
+    }
     Py_END_ALLOW_THREADS
     if (s != AWQ_OK)
         return awq_raise_status(s, *detail, p);

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -997,31 +998,71 @@ awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, i
     return AWQ_OK;
 }
 
-awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, int warmup, int iters, float *ms, int *detail)
+awq_status awq_cuda_flush_create(int device, awq_cuda_flush *f, int *detail)
+{
+    set_detail(detail, 0);
+    if (!f) return AWQ_ERR_CONFIG;
+    f->device = device;
+    f->ptr = nullptr;
+    f->bytes = 0;
+    DeviceScope scope;
+    cudaError_t e = scope.enter(device);
+    int l2 = 0;
+    if (e == cudaSuccess) e = clear_error(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    set_detail(detail, (int)e);
+    if (e != cudaSuccess) return status_of(e);
+    const size_t bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+    /* No memory for it (the framework's cache may hold the card): time warm. */
+    if (clear_error(cudaMalloc(&f->ptr, bytes)) != cudaSuccess) f->ptr = nullptr;
+    else f->bytes = bytes;
+    return AWQ_OK;
+}
+
+void awq_cuda_flush_destroy(awq_cuda_flush *f)
+{
+    if (!f || !f->ptr) return;
+    DeviceScope scope;
+    if (scope.enter(f->device) == cudaSuccess) (void)clear_error(cudaFree(f->ptr));
+    f->ptr = nullptr;
+    f->bytes = 0;
+}
+
+constexpr int kMaxTimedRuns = 32;
+
+awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cuda_flush *flush, int warmup,
+                         int iters, float *ms, int *detail)
 {
     set_detail(detail, 0);
     if (ms) *ms = 0.0f;
-    if (iters < 1 || warmup < 0) return AWQ_ERR_CONFIG;
+    if (iters < 1 || iters > kMaxTimedRuns || warmup < 0) return AWQ_ERR_CONFIG;
     awq_config rc;
     const awq_status s = prepare(p, c, &rc);
     if (s != AWQ_OK) return s;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+    const bool cold = flush && flush->ptr && flush->device == p->device;
 
     DeviceScope scope;
-    EventPair ev;
-    float total = 0.0f;
+    EventPair ev[kMaxTimedRuns];
+    float t[kMaxTimedRuns];
     cudaError_t e = scope.enter(p->device);
-    if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev.start));
-    if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev.stop));
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
+        e = clear_error(cudaEventCreate(&ev[i].start));
+        if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev[i].stop));
+    }
     for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = clear_error(launch_config(p, &rc, stream));
-    if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev.start, stream));
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) e = clear_error(launch_config(p, &rc, stream));
-    if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev.stop, stream));
-    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev.stop));
-    if (e == cudaSuccess) e = clear_error(cudaEventElapsedTime(&total, ev.start, ev.stop));
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
+        if (cold) e = clear_error(cudaMemsetAsync(flush->ptr, i & 0xFF, flush->bytes, stream));
+        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].start, stream));
+        if (e == cudaSuccess) e = clear_error(launch_config(p, &rc, stream));
+        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].stop, stream));
+    }
+    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev[iters - 1].stop));
+    for (int i = 0; i < iters && e == cudaSuccess; ++i)
+        e = clear_error(cudaEventElapsedTime(&t[i], ev[i].start, ev[i].stop));
     set_detail(detail, (int)e);
     if (e != cudaSuccess) return status_of(e);
-    if (ms) *ms = total / (float)iters;
+    std::sort(t, t + iters);
+    if (ms) *ms = iters % 2 ? t[iters / 2] : 0.5f * (t[iters / 2 - 1] + t[iters / 2]);
     return AWQ_OK;
 }
 

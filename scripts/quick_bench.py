@@ -72,6 +72,34 @@ def main():
             res.sort()
             print("    sweep best: " + ", ".join(f"b{b} r{r} {us:.2f}us ({100 * nbytes / us / 1e3 / copy_bw:.0f}%)"
                                            for us, b, r in res[:4]), flush=True)
+    # smart_dequantize: first call for a new shape (tunes) vs a cache hit
+    import os
+    import tempfile
+    os.environ["AWQ_FAST_DEQUANT_CACHE_DIR"] = tempfile.mkdtemp()
+    awq._C._cache_reload()
+    for K, N in SHAPES:
+        qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda")
+        qz = torch.randint(-2**31, 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda")
+        sc = torch.randn((K // G, N), device="cuda").to(dt)
+        out = torch.empty((K, N), dtype=dt, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        awq.smart_dequantize(qw, qz, sc, out=out)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        hits = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            awq.smart_dequantize(qw, qz, sc, out=out)
+            torch.cuda.synchronize()
+            hits.append(time.perf_counter() - t0)
+        hit = statistics.median(hits)
+        print(f"smart {K:>5}x{N:<6} first call {first * 1e3:7.1f} ms   hit {hit * 1e6:7.1f} us   "
+              f"ratio {first / hit:7.0f}x", flush=True)
+    for e in sorted(awq.cache_entries(), key=lambda e: (e["K"], e["N"])):
+        print(f"  tuned {e['K']}x{e['N']}: {e['kernel']} block {e['block_size']} rows {e['rows']} "
+              f"{e['us']:.2f} us")
+
     # host overhead with the GPU kept busy
     K, N = 1536, 1536
     qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda")
