@@ -250,26 +250,45 @@ def host_overhead(torch, device, cases: dict[str, tuple[Callable[[], Any], int]]
                   repeats: int, sleep_cycles: int, progress=None) -> dict:
     """Host microseconds per call of each case, the GPU kept busy.
 
-    For each repeat: synchronize, enqueue torch.cuda._sleep(sleep_cycles)
-    and an event behind it, then time `calls` calls with perf_counter_ns,
-    then ask the event whether the GPU was still sleeping. Only then is no
-    call waiting on the device; a repeat where the GPU went idle is retried
-    with a longer sleep, and kept but marked when it stays idle.
-    `cases` maps name -> (fn, calls); calls stay well below the launch
-    queue's depth (about a thousand kernels), or the host would block.
+    Every case is warmed up first (allocator, tuning, lazy init).  Then, for
+    each repeat, the cases take turns in a rotating order (so that no case
+    always runs first, on a colder CPU): synchronize, enqueue
+    torch.cuda._sleep(sleep_cycles) and an event behind it, time `calls`
+    calls with perf_counter_ns, then ask the event whether the GPU was still
+    sleeping.  Only then is no call waiting on the device; a repeat where the
+    GPU went idle is retried with a longer sleep, and kept but marked when it
+    stays idle.  `cases` maps name -> (fn, calls); calls stay well below the
+    launch queue's depth (about a thousand kernels), or the host would block.
     """
-    out = {}
-    for name, (fn, calls) in cases.items():
-        entry = {"calls": calls, "samples_us_per_call": [], "gpu_busy": [], "sleep_cycles": [],
-                 "error": None}
-        attempts = 3
+    names = list(cases)
+    out = {name: {"calls": cases[name][1], "samples_us_per_call": [], "gpu_busy": [],
+                  "sleep_cycles": [], "error": None, "attempts": 3} for name in names}
+
+    def fail(name, exc):
+        out[name]["error"] = _error_text(exc)
         try:
-            for _ in range(3):  # warm-up: allocator, tuning, lazy init
-                fn()
             torch.cuda.synchronize(device)
-            for _ in range(repeats):
-                cycles = sleep_cycles
-                for _attempt in range(attempts):
+        except Exception:
+            pass
+
+    for name in names:
+        try:
+            for _ in range(3):
+                cases[name][0]()
+            torch.cuda.synchronize(device)
+        except Exception as exc:
+            fail(name, exc)
+
+    for rep in range(repeats):
+        for i in range(len(names)):
+            name = names[(i + rep) % len(names)]
+            entry = out[name]
+            if entry["error"] is not None:
+                continue
+            fn, calls = cases[name]
+            cycles = sleep_cycles
+            try:
+                for _attempt in range(entry["attempts"]):
                     torch.cuda.synchronize(device)
                     _keep_gpu_busy(torch, device, cycles)
                     busy = torch.cuda.Event()
@@ -286,21 +305,21 @@ def host_overhead(torch, device, cases: dict[str, tuple[Callable[[], Any], int]]
                 else:
                     # Longer sleeps did not help: the calls themselves wait on the
                     # device (a synchronizing op). Keep measuring, without retries.
-                    attempts = 1
-                entry["samples_us_per_call"].append((t1 - t0) / 1000.0 / calls)
-                entry["gpu_busy"].append(still_busy)
-                entry["sleep_cycles"].append(cycles)
-        except Exception as exc:
-            entry["error"] = _error_text(exc)
-            try:
-                torch.cuda.synchronize(device)
-            except Exception:
-                pass
+                    entry["attempts"] = 1
+            except Exception as exc:
+                fail(name, exc)
+                continue
+            entry["samples_us_per_call"].append((t1 - t0) / 1000.0 / calls)
+            entry["gpu_busy"].append(still_busy)
+            entry["sleep_cycles"].append(cycles)
+
+    for name in names:
+        entry = out[name]
+        del entry["attempts"]
         samples = entry["samples_us_per_call"]
         entry["median_us"] = statistics.median(samples) if samples else None
         entry["min_us"] = min(samples) if samples else None
         entry["all_busy"] = bool(samples) and all(entry["gpu_busy"])
-        out[name] = entry
         if progress is not None:
             progress.update(1)
     return out
