@@ -7,6 +7,12 @@ import awq_fast_dequant as awq
 
 DTYPES = ("float16", "bfloat16", "float32")
 
+# The correctness sweep: (K, G) with K in {G, 2G, 7G} for G in {32, 64, 128},
+# and G = K (one group, per-channel scales); N with tails.
+SWEEP_KG = tuple((G * m, G) for G in (32, 64, 128) for m in (1, 2, 7)) + tuple(
+    (K, K) for K in (8, 96, 200))
+SWEEP_N = (8, 16, 136, 4104)
+
 
 def np_dtype(name):
     if name == "bfloat16":

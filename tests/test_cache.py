@@ -14,7 +14,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 
-from conftest import DTYPES, child_env, make_problem
+from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem
 
 HEADER = "# awq_fast_dequant autotune cache v1\n"
 
@@ -82,8 +82,9 @@ def test_c_unit_tests_pass():
 
 @pytest.mark.parametrize("scale_dtype", DTYPES)
 def test_smart_matches_dequantize(cache_dir, rng, scale_dtype):
-    for K, G in ((32, 32), (256, 128), (200, 200)):
-        for N in (8, 136, 4104):
+    """Every case of the CPU correctness sweep (tests/test_dequantize_cpu.py)."""
+    for K, G in SWEEP_KG:
+        for N in SWEEP_N:
             qw, qz, sc = make_problem(rng, K, N, G, scale_dtype)
             for out_dtype in DTYPES:
                 a = awq.smart_dequantize(qw, qz, sc, out_dtype=out_dtype)
@@ -295,8 +296,10 @@ def test_cli_cache_and_tune(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")
 def test_smart_on_cuda(cache_dir, rng):
+    """Every case of the correctness sweep, on the GPU: tuned == reference."""
     torch = pytest.importorskip("torch")
-    for K, N, G in ((128, 136, 32), (896, 4104, 128), (200, 8, 200)):
+    shapes = [(K, N, G) for K, G in SWEEP_KG for N in SWEEP_N]
+    for K, N, G in shapes:
         qw, qz, sc = make_problem(rng, K, N, G, "float32")
         for sdt in DTYPES:
             t = (torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda(),
@@ -309,7 +312,7 @@ def test_smart_on_cuda(cache_dir, rng):
                 reference.assert_bitexact(a, expect)
                 reference.assert_bitexact(b, expect)
     entries = [e for e in awq.cache_entries() if not e["device"].startswith("cpu")]
-    assert len(entries) == 3 * 9 and all(e["kernel"] in ("v3", "v4") for e in entries)
+    assert len(entries) == len(shapes) * 9 and all(e["kernel"] in ("v3", "v4") for e in entries)
 
 
 @pytest.mark.gpu

@@ -8,23 +8,15 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import DTYPES, make_problem, np_dtype
+from conftest import DTYPES, SWEEP_KG, SWEEP_N, make_problem, np_dtype
 
 PAIRS = [(s, o) for s in DTYPES for o in DTYPES]
 
 
-def _sweep():
-    for G in (32, 64, 128):
-        for mult in (1, 2, 7):
-            yield G * mult, G
-    for K in (8, 96, 200):  # G = K: one group, per-channel scales
-        yield K, K
-
-
 @pytest.mark.parametrize("scale_dtype,out_dtype", PAIRS)
 def test_sweep_bitexact(rng, scale_dtype, out_dtype):
-    for K, G in _sweep():
-        for N in (8, 16, 136, 4104):
+    for K, G in SWEEP_KG:
+        for N in SWEEP_N:
             qw, qz, sc = make_problem(rng, K, N, G, scale_dtype)
             got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
             assert got.shape == (K, N) and got.dtype == np_dtype(out_dtype)
