@@ -1,6 +1,6 @@
 """Framework glue the C core calls back into: output allocation for
 frameworks without the DLPack C exchange API, and current-stream lookup
-for CuPy.  Nothing here is on the hot path of torch tensors, which the C
+for them (CuPy, older PyTorch).  Nothing here is on the hot path of torch tensors, which the C
 core handles through the exchange API."""
 
 from __future__ import annotations
@@ -52,8 +52,16 @@ def allocate(like, device_type: int, device_id: int, K: int, N: int, dtype: str)
 def current_stream(arr):
     """The current stream of `arr`'s framework on its device, or None when the
     C core needs no help (CPU arrays, unknown frameworks: the legacy default).
-    Called only for producers without the DLPack C exchange API."""
-    if _module_of(arr) != "cupy":
+    Called only for producers without the DLPack C exchange API: CuPy, and
+    PyTorch releases older than that API."""
+    mod = _module_of(arr)
+    if mod == "torch":
+        if not arr.is_cuda:
+            return None
+        import torch
+
+        return torch.cuda.current_stream(arr.device).cuda_stream
+    if mod != "cupy":
         return None
     import cupy
 
