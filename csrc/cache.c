@@ -61,6 +61,7 @@ static void ensure_loaded(awq_state *st)
     char warn[1024] = "";
     int status = 0;
     st->table_loaded = 1;
+    st->autotune_off = autotune_disabled();
     if (resolve_path(st->cache_file, sizeof st->cache_file) < 0) {
         st->cache_file[0] = '\0';
         warn_once(WARN_LOAD, 1, "cache path too long; keeping the cache in memory only");
@@ -74,29 +75,41 @@ static void ensure_loaded(awq_state *st)
 
 /* ---- keys ---- */
 
-static int device_key(const awq_problem *p, char *buf, size_t n, int *detail)
+/* Device part of the key, built once per device: the hot path of a cache
+ * hit only copies it.  Called with the GIL held, which guards the array. */
+#define KEYED_DEVICES 64
+static char device_keys[KEYED_DEVICES + 1][AWQ_TUNE_DEVICE_LEN]; /* [0]: the CPU */
+
+static const char *device_key(const awq_problem *p, int *detail)
 {
+    int slot = p->device + 1;
+    if (slot < 0 || slot > KEYED_DEVICES) {
+        awq_raise_status(AWQ_ERR_DEVICE, 0, p);
+        return NULL;
+    }
+    char *key = device_keys[slot];
+    if (key[0] != '\0')
+        return key;
     if (p->device < 0) {
-        static char cpu[AWQ_TUNE_DEVICE_LEN];
-        if (cpu[0] == '\0') {
-            struct utsname u;
-            const char *m = uname(&u) == 0 ? u.machine : "unknown";
-            snprintf(cpu, sizeof cpu, "cpu %s %s %dt", m, awq_cpu_simd(), awq_cpu_max_threads());
-        }
-        snprintf(buf, n, "%s", cpu);
-        return 0;
+        struct utsname u;
+        const char *m = uname(&u) == 0 ? u.machine : "unknown";
+        snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s %dt", m, awq_cpu_simd(),
+                 awq_cpu_max_threads());
+        return key;
     }
     char name[80];
     int major = 0, minor = 0;
     awq_status s = awq_cuda_device_identity(p->device, name, sizeof name, &major, &minor, detail);
-    if (s != AWQ_OK)
-        return awq_raise_status(s, *detail, p);
+    if (s != AWQ_OK) {
+        awq_raise_status(s, *detail, p);
+        return NULL;
+    }
     /* tabs would break the file format; names never have them, but be sure */
     for (char *c = name; *c; c++)
         if ((unsigned char)*c < 0x20)
             *c = ' ';
-    snprintf(buf, n, "%s sm_%d%d", name, major, minor);
-    return 0;
+    snprintf(key, AWQ_TUNE_DEVICE_LEN, "%s sm_%d%d", name, major, minor);
+    return key;
 }
 
 /* ---- tuning ---- */
@@ -141,12 +154,12 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
     awq_state *st = awq_get_state(module);
     awq_tune_key key;
     awq_tune_value val;
-    char dev[AWQ_TUNE_DEVICE_LEN];
 
-    if (autotune_disabled())
-        return awq_run(p, cfg);
     ensure_loaded(st);
-    if (device_key(p, dev, sizeof dev, detail) < 0)
+    if (st->autotune_off)
+        return awq_run(p, cfg);
+    const char *dev = device_key(p, detail);
+    if (dev == NULL)
         return -1;
     if (awq_tune_key_init(&key, dev, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
         return awq_run(p, cfg); /* a key the file cannot hold: just run */
@@ -281,6 +294,8 @@ PyObject *awq_py_clear_cache(PyObject *module, PyObject *unused)
     if (resolve_path(st->cache_file, sizeof st->cache_file) < 0)
         st->cache_file[0] = '\0';
     awq_table_clear(st->table);
+    if (!st->table_loaded)
+        st->autotune_off = autotune_disabled();
     st->table_loaded = 1; /* nothing to read back: the file is gone */
     if (st->cache_file[0]) {
         Py_BEGIN_ALLOW_THREADS

@@ -116,6 +116,7 @@ def test_first_call_tunes_then_hits(cache_dir, rng):
 
 def test_autotune_disabled(cache_dir, rng, monkeypatch):
     monkeypatch.setenv("AWQ_FAST_DEQUANT_AUTOTUNE", "0")
+    _C._cache_reload()  # the setting is read at first use
     qw, qz, sc = make_problem(rng, 64, 64, 32)
     reference.assert_bitexact(awq.smart_dequantize(qw, qz, sc), reference.dequantize(qw, qz, sc))
     assert awq.cache_stats()["tunings"] == 0 and awq.cache_entries() == []
