@@ -439,8 +439,9 @@ static int validate(views *vs, const call_args *ca, awq_problem *p, awq_config *
     if (on_cuda && !awq_cuda_compiled()) {
         PyErr_Format(PyExc_RuntimeError,
                      "qweight is a CUDA tensor (%s) but awq_fast_dequant was built without CUDA. "
-                     "Rebuild with nvcc available (on PATH, or CUDA_HOME set): "
-                     "pip install --force-reinstall --no-build-isolation awq_fast_dequant",
+                     "Rebuild it with nvcc available (on PATH, or CUDA_HOME set) and "
+                     "AWQ_FAST_DEQUANT_NO_CUDA unset, from the source folder: "
+                     "pip install --force-reinstall --no-build-isolation --no-deps .",
                      device_str(qw->device, b1, sizeof b1));
         return -1;
     }
@@ -718,8 +719,7 @@ static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int sm
 
     if (smart && awq_numel(&p) > 0) {
         int detail = 0;
-        int r = awq_cache_lookup_or_tune(module, &p, &cfg, &detail);
-        if (r < 0)
+        if (awq_cache_lookup_or_tune(module, &p, &cfg, &detail) < 0)
             Py_CLEAR(result);
         goto done; /* tuning wrote the result (or raised) */
     }
