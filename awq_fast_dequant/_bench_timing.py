@@ -199,16 +199,8 @@ def cuda_copy_bandwidth(torch, device, timer: CudaTimer, nbytes: int, runs: int)
     samples, _ = timer.run(lambda d=dst, s=src: d.copy_(s), runs)
     ok = bool(torch.equal(dst, src))
     del src, dst  # 2 x nbytes of device memory
-    median = statistics.median(samples)
-    return {
-        "method": "dst.copy_(src) on the device, L2 flushed before each, CUDA events",
-        "buffer_bytes": nbytes,
-        "bytes_moved": 2 * nbytes,
-        "samples_us": samples,
-        "median_us": median,
-        "gbps": 2 * nbytes / (median * 1e3),
-        "copy_correct": ok,
-    }
+    return _copy_result("dst.copy_(src) on the device, L2 flushed before each, CUDA events",
+                        nbytes, samples, copy_correct=ok)
 
 
 def cpu_copy_bandwidth(nbytes: int, timer: CpuTimer, runs: int) -> dict:
@@ -219,14 +211,21 @@ def cpu_copy_bandwidth(nbytes: int, timer: CpuTimer, runs: int) -> dict:
     dst = np.empty_like(src)
     np.copyto(dst, src)
     samples, _ = timer.run(lambda: np.copyto(dst, src), runs)
+    return _copy_result("np.copyto(dst, src) of an output-sized array, after a memset, "
+                        "perf_counter", nbytes, samples)
+
+
+def _copy_result(method: str, nbytes: int, samples: list, **extra) -> dict:
+    """The record of a copy measurement; bytes moved = read + written."""
     median = statistics.median(samples)
     return {
-        "method": "np.copyto(dst, src) of an output-sized array, after a memset, perf_counter",
+        "method": method,
         "buffer_bytes": nbytes,
         "bytes_moved": 2 * nbytes,
         "samples_us": samples,
         "median_us": median,
         "gbps": 2 * nbytes / (median * 1e3) if median > 0 else None,
+        **extra,
     }
 
 

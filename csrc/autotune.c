@@ -223,7 +223,6 @@ struct awq_table {
     table_entry *entries; /* cap slots; meaningful where hashes[i] != 0 */
     size_t cap;           /* a power of two */
     size_t size;
-    uint64_t hits, misses;
 };
 
 #define TABLE_MIN_CAP 16
@@ -352,13 +351,8 @@ int awq_table_get(awq_table *t, const awq_tune_key *k, awq_tune_value *v)
     int found;
     pthread_mutex_lock(&t->mu);
     size_t i = probe(t, k, h, &found);
-    if (found) {
-        if (v)
-            *v = t->entries[i].val;
-        t->hits++;
-    } else {
-        t->misses++;
-    }
+    if (found && v)
+        *v = t->entries[i].val;
     pthread_mutex_unlock(&t->mu);
     return found;
 }
@@ -426,21 +420,6 @@ size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals
     }
     pthread_mutex_unlock(&t->mu);
     return n;
-}
-
-void awq_table_counters(awq_table *t, uint64_t *hits, uint64_t *misses)
-{
-    uint64_t h = 0, m = 0;
-    if (t) {
-        pthread_mutex_lock(&t->mu);
-        h = t->hits;
-        m = t->misses;
-        pthread_mutex_unlock(&t->mu);
-    }
-    if (hits)
-        *hits = h;
-    if (misses)
-        *misses = m;
 }
 
 /* Copies every entry of src into dst where dst lacks the key. */

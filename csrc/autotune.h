@@ -102,9 +102,6 @@ void awq_table_clear(awq_table *t);
  * (either may be NULL); returns how many were copied. */
 size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals, size_t cap);
 
-/* Lookups since awq_table_new (not reset by clear). */
-void awq_table_counters(awq_table *t, uint64_t *hits, uint64_t *misses);
-
 /* ---- persistence ---------------------------------------------------------
  * Every function below returns 0 when all went fine and 1 when it wrote a
  * human-readable warning into warn (warn_len bytes, always NUL-terminated;
