@@ -292,13 +292,18 @@ template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_k
  * never straddle a group, so "K not a multiple of R" and "G not a multiple
  * of R" are the same case: a group's last tile is short (its leftover rows
  * go one at a time; the tuner and the default only pick R dividing G, and
- * R > G just makes every tile short).  Grid: blockIdx.y
- * walks tiles (grid-stride past gridDim.y's 65535), blockIdx.x * blockDim.x
- * + threadIdx.x walks packed-word columns c of the tile -- no division per
- * thread.  Consecutive lanes take consecutive c, so every warp-wide access
- * is one contiguous span: 128 B of qweight per row (4 B a lane), 512 B of
- * f16 output per row (16 B a lane: whole 32 B sectors, no partial writes).
+ * R > G just makes every tile short).  Unit = (tile, column block of
+ * blockDim.x word columns), one block each, in a 1-D grid: consecutive
+ * blocks take a tile's column blocks, then the next tile's, so the blocks
+ * in flight cover one compact stretch of the matrix.  Consecutive lanes
+ * take consecutive word columns c, so every warp-wide access is one
+ * contiguous span: 128 B of qweight per row (4 B a lane), 512 B of f16
+ * output per row (16 B a lane: whole 32 B sectors, no partial writes).
  * Lanes past the row's end (W not a multiple of the block) just exit.
+ *
+ * Two kernels share this plan: the lean one (R = 1, 2, 4 or 8 dividing G,
+ * 32-bit word indices: every DESIGN.md shape) and the general one (any R,
+ * short tiles, 64-bit indices, a grid-stride loop over units).
  *
  * Per (tile, c) a thread (1) issues every independent load at once -- the
  * zero word, the group's 8 scales (16 B; 32 B for f32) and the first RB rows
@@ -321,10 +326,12 @@ struct V4Args {
     int64_t W;      /* packed words per row */
     int64_t G;      /* group size */
     int64_t R;      /* rows per tile (config.rows) */
-    int64_t tpg;    /* tiles per group: ceil(G / R) */
-    int64_t ntiles; /* (K / G) * tpg */
-    Divisor divT;   /* by tpg: tile -> group */
-    uint32_t zero;  /* always 0, opaque to the compiler: see after_loads */
+    int64_t tpg;     /* tiles per group: ceil(G / R) */
+    int64_t cblocks; /* column blocks per tile: ceil(W / blockDim.x) */
+    int64_t units;   /* tiles * cblocks: one block's work each */
+    Divisor divT;    /* by tpg: tile -> group */
+    Divisor divC;    /* by cblocks: unit -> tile */
+    uint32_t zero;   /* always 0, opaque to the compiler: see after_loads */
 };
 
 constexpr int kV4MaxBatch = 8; /* rows of qweight held in registers at once */
@@ -373,7 +380,7 @@ enum Access { kAccScalar = 0, kAccStream = 1, kAccWriteBack = 2 };
 template <int ACC> __device__ __forceinline__ void store_wide(uint4 *p, uint4 v)
 {
     if constexpr (ACC == kAccWriteBack)
-        *p = v;
+        __stwb(p, v); /* st.global.wb.v4: a plain `*p = v` was split into four 4-byte stores */
     else
         __stcs(p, v);
 }
@@ -514,11 +521,38 @@ template <class S, class O, bool VEC> __global__ void __launch_bounds__(kMaxBloc
         word_task<S, O, VEC>(a, t);
 }
 
+/* Why: qweight is read exactly once.  With write-back output stores (large
+ * launches) its lines are loaded with an L2 evict-first policy and no L1
+ * allocation, so they are the first to go when the output's lines arrive
+ * (measured: docs/KERNELS.md).  sm_75 has no cache-policy operand: plain __ldg. */
+template <int ACC> __device__ __forceinline__ uint64_t qweight_policy()
+{
+    uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (ACC == kAccWriteBack) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}
+
+template <int ACC> __device__ __forceinline__ uint32_t load_qword(const uint32_t *p, uint64_t policy)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (ACC == kAccWriteBack) {
+        uint32_t v;
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
+        return v;
+    }
+#endif
+    (void)policy;
+    return __ldg(p);
+}
+
 /* Why: issue RB independent qweight loads back to back before any is used. */
-template <int RB> __device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch)
+template <int RB, int ACC>
+__device__ __forceinline__ void load_rows(uint32_t (&q)[RB], const uint32_t *p, int64_t pitch, uint64_t policy)
 {
 #pragma unroll
-    for (int r = 0; r < RB; ++r) q[r] = __ldg(p + r * pitch);
+    for (int r = 0; r < RB; ++r) q[r] = load_qword<ACC>(p + r * pitch, policy);
 }
 
 /* Why: a value equal to x that the compiler must compute after every q[r] has
@@ -538,14 +572,18 @@ template <int RB> __device__ __forceinline__ uint32_t after_loads(uint32_t x, co
  * last tile when R does not divide G), so the full batches stay branch-free. */
 template <class S, class O, int ACC>
 __device__ __forceinline__ void v4_rows_one_by_one(const GroupState<S, O> &st, const uint32_t *qp,
-                                                   typename O::bits *op, int64_t W, int64_t N, int n)
+                                                   typename O::bits *op, int64_t W, int64_t N, int n,
+                                                   uint64_t policy)
 {
-    for (int r = 0; r < n; ++r, qp += W, op += N) store_outputs<O, ACC>(op, st.apply(__ldg(qp)));
+    for (int r = 0; r < n; ++r, qp += W, op += N) store_outputs<O, ACC>(op, st.apply(load_qword<ACC>(qp, policy)));
 }
 
-/* Why: all work of one word-column c of one row tile (rows k0 .. k0+nrows-1 of group g). */
+/* Why: all work of one word-column c of one row tile (rows k0 .. k0+nrows-1
+ * of group g) in the general kernel: batches of RB rows, a short tile's rows
+ * one at a time. */
 template <class S, class O, int RB, int ACC>
-__device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0, int nrows, int64_t c)
+__device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0, int nrows, int64_t c,
+                                          uint64_t policy)
 {
     using OB = typename O::bits;
     const uint32_t *qp = a.qweight + k0 * a.W + c;
@@ -555,16 +593,16 @@ __device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0
     const uint32_t zword = __ldg(a.qzeros + g * a.W + c);
     const ScaleBits<S> sb = load_scales<S, ACC != kAccScalar>(a.scales, g * a.N + kColsPerWord * c);
     if (nrows < RB) { /* short tile: rare (R does not divide G) */
-        v4_rows_one_by_one<S, O, ACC>(GroupState<S, O>(zword, sb), qp, op, a.W, a.N, nrows);
+        v4_rows_one_by_one<S, O, ACC>(GroupState<S, O>(zword, sb), qp, op, a.W, a.N, nrows, policy);
         return;
     }
     uint32_t q[RB];
-    load_rows<RB>(q, qp, a.W);
+    load_rows<RB, ACC>(q, qp, a.W, policy);
 
     /* 2. decode the group's zeros and scales once for all rows */
     const GroupState<S, O> st(after_loads<RB>(zword, q, a.zero), sb);
 
-    /* 3. full batches of RB rows: compute and stream out */
+    /* 3. full batches of RB rows: compute and write out */
     int left = nrows;
     for (;;) {
 #pragma unroll
@@ -572,24 +610,81 @@ __device__ __forceinline__ void v4_column(const V4Args &a, int64_t g, int64_t k0
         left -= RB;
         qp += RB * a.W;
         op += RB * a.N;
-        if (RB < kV4MaxBatch || left < RB) break; /* RB < 8 is launched only for R == RB */
-        load_rows<RB>(q, qp, a.W);
+        if (left < RB) break;
+        load_rows<RB, ACC>(q, qp, a.W, policy);
     }
-    if (RB == kV4MaxBatch && left > 0) v4_rows_one_by_one<S, O, ACC>(st, qp, op, a.W, a.N, left);
+    if (left > 0) v4_rows_one_by_one<S, O, ACC>(st, qp, op, a.W, a.N, left, policy);
 }
 
-template <class S, class O, int RB, int ACC>
-__global__ void __launch_bounds__(kMaxBlock) awq_v4_kernel(const V4Args a)
+/* The general v4 kernel: any R (batches of 8 rows, short tiles), 64-bit
+ * indices, a grid-stride loop over units.  Launched when the lean kernel's
+ * conditions do not hold (see v4_lean_ok). */
+template <class S, class O, int ACC> __global__ void __launch_bounds__(kMaxBlock) awq_v4_kernel(const V4Args a)
 {
-    const int64_t cstride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t tile = blockIdx.y; tile < a.ntiles; tile += gridDim.y) {
+    const uint64_t policy = qweight_policy<ACC>();
+    for (int64_t u = blockIdx.x; u < a.units; u += gridDim.x) {
+        const int64_t tile = divide(u, a.divC);
+        const int64_t c = (u - tile * a.cblocks) * blockDim.x + threadIdx.x;
+        if (c >= a.W) continue; /* the last column block of a tile may be partial */
         const int64_t g = divide(tile, a.divT);
         const int64_t r0 = (tile - g * a.tpg) * a.R; /* first row of the tile inside group g */
         const int nrows = (int)min(a.R, a.G - r0);    /* < R only for a group's last tile */
-        const int64_t k0 = g * a.G + r0;
-        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.W; c += cstride)
-            v4_column<S, O, RB, ACC>(a, g, k0, nrows, c);
+        v4_column<S, O, kV4MaxBatch, ACC>(a, g, g * a.G + r0, nrows, c, policy);
     }
+}
+
+/* ---- the lean v4 kernel: the production path ---------------------------
+ * Every tile is exactly RB = R <= 8 rows (R divides G), one unit per block,
+ * and every index is a 32-bit word index (K * N/8 < 2^32): the thread's
+ * whole job is straight-line code of a dozen integer instructions before
+ * its loads leave, about 32 registers, full occupancy.  Measured on the
+ * H200 (docs/KERNELS.md): 1-4% faster than the general kernel on every
+ * DESIGN.md shape. */
+struct V4LeanArgs {
+    const uint32_t *qweight;
+    const uint32_t *qzeros;
+    const char *scales; /* 8 scales (one word column) = one chunk of 8 * sizeof(S) bytes */
+    char *out;          /* 8 outputs = one chunk of 8 * sizeof(O) bytes */
+    uint32_t W;         /* words per row */
+    uint32_t cblocks;   /* column blocks per tile */
+    uint32_t c_m, c_l;  /* u / cblocks = (umulhi(u, c_m) + u) >> c_l */
+    uint32_t t_m, t_l;  /* tile / (G / R), likewise */
+    uint32_t zero;      /* always 0: see after_loads */
+};
+
+/* Why: n / d for a 32-bit n with the reciprocal of Divisor (exact, see above). */
+__device__ __forceinline__ uint32_t divide32(uint32_t n, uint32_t m, uint32_t l)
+{
+    return (uint32_t)(((uint64_t)__umulhi(n, m) + n) >> l);
+}
+
+template <class S, class O, int RB, int ACC>
+__global__ void __launch_bounds__(kMaxBlock) awq_v4_lean_kernel(const V4LeanArgs a)
+{
+    constexpr uint32_t kScaleChunk = kColsPerWord * sizeof(typename S::bits);
+    constexpr uint32_t kOutChunk = kColsPerWord * sizeof(typename O::bits);
+    const uint32_t u = blockIdx.x;
+    const uint32_t tile = divide32(u, a.c_m, a.c_l);
+    const uint32_t c = (u - tile * a.cblocks) * blockDim.x + threadIdx.x;
+    if (c >= a.W) return; /* the last column block of a tile may be partial */
+    const uint32_t g = divide32(tile, a.t_m, a.t_l);
+    const uint32_t w0 = tile * RB * a.W + c; /* word index of the tile's first row */
+    const uint32_t gw = g * a.W + c;         /* word index into qzeros; chunk index into scales */
+    const uint64_t policy = qweight_policy<ACC>();
+
+    const uint32_t zword = __ldg(a.qzeros + gw);
+    const ScaleBits<S> sb = load_scales<S, ACC != kAccScalar>(a.scales + (uint64_t)gw * kScaleChunk, 0);
+    uint32_t q[RB];
+    const uint32_t *qp = a.qweight + w0;
+#pragma unroll
+    for (int r = 0; r < RB; ++r, qp += a.W) q[r] = load_qword<ACC>(qp, policy);
+
+    /* One running output pointer (not RB precomputed ones): keeps RB = 8 at 32 registers. */
+    const GroupState<S, O> st(after_loads<RB>(zword, q, a.zero), sb);
+    char *op = a.out + (uint64_t)w0 * kOutChunk;
+    const uint64_t pitch = (uint64_t)a.W * kOutChunk;
+#pragma unroll
+    for (int r = 0; r < RB; ++r, op += pitch) store_outputs<O, ACC>(op, st.apply(q[r]));
 }
 
 /* ======================================================================
@@ -694,40 +789,51 @@ int64_t v4_tiles_per_group(int64_t G, int64_t R) { return (G + R - 1) / R; }
 
 int64_t v4_tiles(const awq_problem *p, int64_t R) { return (p->K / p->G) * v4_tiles_per_group(p->G, R); }
 
-constexpr int64_t kMaxGridY = 65535; /* gridDim.y limit; the kernel grid-strides over more tiles */
-
 /* Blocks of a v4 launch: word-column blocks per tile times tiles. */
-dim3 v4_grid(const awq_problem *p, int64_t R, int block)
+/* Column blocks of a tile and units (one block each) of a v4 launch. */
+int64_t v4_cblocks(const awq_problem *p, int block) { return (p->N / kColsPerWord + block - 1) / block; }
+
+int64_t v4_units(const awq_problem *p, int64_t R, int block) { return v4_tiles(p, R) * v4_cblocks(p, block); }
+
+/* The lean kernel applies: R is 1, 2, 4 or 8 and divides G, every word index
+ * fits 32 bits, and there is one block per unit. */
+bool v4_lean_ok(const awq_problem *p, int64_t R, int block)
 {
-    const int64_t y = v4_tiles(p, R);
-    return dim3(grid_for(p->N / kColsPerWord, block), (unsigned)(y < kMaxGridY ? (y < 1 ? 1 : y) : kMaxGridY), 1);
+    const int64_t words = p->K * (p->N / kColsPerWord);
+    return (R == 1 || R == 2 || R == 4 || R == kV4MaxBatch) && p->G % R == 0 && words <= (int64_t)UINT32_MAX &&
+           v4_units(p, R, block) <= 2147483647;
 }
 
-template <int RB, int ACC>
-cudaError_t v4_launch_rb(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
+template <int ACC> cudaError_t v4_launch_lean(const awq_problem *p, int block, int R, cudaStream_t stream)
 {
+    V4LeanArgs a;
+    a.qweight = p->qweight;
+    a.qzeros = p->qzeros;
+    a.scales = static_cast<const char *>(p->scales);
+    a.out = static_cast<char *>(p->out);
+    a.W = (uint32_t)(p->N / kColsPerWord);
+    a.cblocks = (uint32_t)v4_cblocks(p, block);
+    const Divisor dc = make_divisor(a.cblocks), dt = make_divisor(p->G / R);
+    a.c_m = dc.m;
+    a.c_l = dc.l;
+    a.t_m = dt.m;
+    a.t_l = dt.l;
+    a.zero = 0;
+    const unsigned grid = (unsigned)v4_units(p, R, block);
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, RB, ACC>
-            <<<grid, block, 0, stream>>>(a);
+        using S = typename decltype(st)::type;
+        using O = typename decltype(ot)::type;
+        switch (R) {
+        case 1: awq_v4_lean_kernel<S, O, 1, ACC><<<grid, block, 0, stream>>>(a); break;
+        case 2: awq_v4_lean_kernel<S, O, 2, ACC><<<grid, block, 0, stream>>>(a); break;
+        case 4: awq_v4_lean_kernel<S, O, 4, ACC><<<grid, block, 0, stream>>>(a); break;
+        default: awq_v4_lean_kernel<S, O, kV4MaxBatch, ACC><<<grid, block, 0, stream>>>(a); break;
+        }
         return cudaGetLastError();
     });
 }
 
-template <int ACC>
-cudaError_t v4_launch_acc(const awq_problem *p, const V4Args &a, dim3 grid, int block, cudaStream_t stream)
-{
-    switch (a.R) { /* RB = min(R, kV4MaxBatch) */
-    case 1: return v4_launch_rb<1, ACC>(p, a, grid, block, stream);
-    case 2: return v4_launch_rb<2, ACC>(p, a, grid, block, stream);
-    case 4: return v4_launch_rb<4, ACC>(p, a, grid, block, stream);
-    default: return v4_launch_rb<kV4MaxBatch, ACC>(p, a, grid, block, stream);
-    }
-}
-
-/* Outputs up to this size stream past L2 (see Access). */
-constexpr int64_t kStreamOutBytes = 8ll << 20;
-
-cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
+template <int ACC> cudaError_t v4_launch_general(const awq_problem *p, int block, int R, cudaStream_t stream)
 {
     V4Args a;
     a.qweight = p->qweight;
@@ -737,16 +843,50 @@ cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_
     a.N = p->N;
     a.W = p->N / kColsPerWord;
     a.G = p->G;
-    a.R = rows;
-    a.tpg = v4_tiles_per_group(p->G, rows);
-    a.ntiles = v4_tiles(p, rows);
+    a.R = R;
+    a.tpg = v4_tiles_per_group(p->G, R);
+    a.cblocks = v4_cblocks(p, block);
+    a.units = v4_units(p, R, block);
     a.divT = make_divisor(a.tpg);
+    a.divC = make_divisor(a.cblocks);
     a.zero = 0;
-    const dim3 grid = v4_grid(p, rows, block);
-    if (!v4_vector_ok(p)) return v4_launch_acc<kAccScalar>(p, a, grid, block, stream);
+    const unsigned grid = grid_for(a.units, 1);
+    return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
+        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, ACC><<<grid, block, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+template <int ACC> cudaError_t v4_launch_acc(const awq_problem *p, int block, int R, cudaStream_t stream)
+{
+    return v4_lean_ok(p, R, block) ? v4_launch_lean<ACC>(p, block, R, stream)
+                                   : v4_launch_general<ACC>(p, block, R, stream);
+}
+
+/* Outputs up to this size stream past L2 (see Access). */
+constexpr int64_t kStreamOutBytes = 8ll << 20;
+
+/* The access mode a v4 launch uses (see Access). */
+int v4_access(const awq_problem *p)
+{
+    if (!v4_vector_ok(p)) return kAccScalar;
     const int64_t out_bytes = awq_numel(p) * (int64_t)awq_dtype_size(p->out_dtype);
-    return out_bytes <= kStreamOutBytes ? v4_launch_acc<kAccStream>(p, a, grid, block, stream)
-                                        : v4_launch_acc<kAccWriteBack>(p, a, grid, block, stream);
+    return out_bytes <= kStreamOutBytes ? kAccStream : kAccWriteBack;
+}
+
+cudaError_t awq_v4_launch_mode(const awq_problem *p, int block, int rows, int acc, cudaStream_t stream)
+{
+    if (!v4_vector_ok(p)) acc = kAccScalar; /* 16-byte accesses need the alignment */
+    switch (acc) {
+    case kAccScalar: return v4_launch_acc<kAccScalar>(p, block, rows, stream);
+    case kAccStream: return v4_launch_acc<kAccStream>(p, block, rows, stream);
+    default: return v4_launch_acc<kAccWriteBack>(p, block, rows, stream);
+    }
+}
+
+cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
+{
+    return awq_v4_launch_mode(p, block, rows, v4_access(p), stream);
 }
 
 /* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
@@ -1071,25 +1211,24 @@ void awq_cuda_default_config(const awq_problem *p, awq_config *c)
     if (!c) return;
     memset(c, 0, sizeof *c);
     c->kernel = AWQ_KERNEL_V4;
-    c->block_size = 256;
-    c->rows = 4;
+    c->block_size = 64;
+    c->rows = 2;
     if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
 
-    /* Measured on an H200 over the DESIGN.md shapes (docs/KERNELS.md):
-     * 256 threads and 4 rows a thread are best from ~32M elements up; below
-     * that 8 rows (one group word and scale load for 8 rows, 8 loads in
-     * flight), with 512 threads when a row has that many words.  Fewer rows
-     * (then fewer threads) only while the grid would not give every SM two
-     * blocks: small layers are bound by latency and by how many SMs take part. */
-    const int64_t W = p->N / kColsPerWord;
+    /* Measured on an H200 over the DESIGN.md shapes (docs/KERNELS.md), lean
+     * kernel, blocks {64..512} x rows {1, 2, 4, 8}: 64-thread blocks are best
+     * or within noise everywhere.  Large layers (> 32M elements) are bound by
+     * DRAM, where 2 rows a thread is best: more rows in flight per SM cost
+     * DRAM efficiency, fewer re-read each group's scales and zeros from L2 for
+     * every row.  Smaller layers are bound by latency: 8 rows a thread (8
+     * loads in flight), halved while the grid has fewer than 8 blocks an SM,
+     * since there the number of blocks in flight decides. */
     const bool big = p->K * p->N > (32ll << 20);
-    int rows = big ? 4 : kV4MaxBatch;
-    int block = !big && W >= 512 ? 512 : 256;
-    const int64_t min_blocks = 2 * (int64_t)device_sms(p->device);
-    auto blocks = [&](int r, int b) { return (W + b - 1) / b * v4_tiles(p, r); };
-    while (p->G % rows != 0) rows >>= 1; /* full tiles only: no one-row-at-a-time tail */
-    while (rows > 1 && blocks(rows, block) < min_blocks) rows >>= 1;
-    while (block > 64 && blocks(rows, block) < min_blocks) block = (block / 2 + 31) / 32 * 32;
+    int rows = big ? 2 : kV4MaxBatch;
+    const int block = 64;
+    const int64_t min_blocks = 8 * (int64_t)device_sms(p->device);
+    while (p->G % rows != 0) rows >>= 1; /* full tiles only: the lean kernel */
+    while (rows > 1 && v4_units(p, rows, block) < min_blocks) rows >>= 1;
     c->rows = rows;
     c->block_size = block;
 }

@@ -39,6 +39,12 @@ def main() -> int:
                         torch.cuda.synchronize()
                         reference.assert_bitexact(got, expect)
                         n += 1
+                    if sdt == odt:  # v4's general kernel: 16 rows a thread, short tiles
+                        got = t[2].new_empty((K, N))
+                        awq._C._launch_config(*t, got, "v4", 96, 16)
+                        torch.cuda.synchronize()
+                        reference.assert_bitexact(got, expect)
+                        n += 1
     print(f"sanitize sweep: {n} launches, all bit-exact")
     return 0
 

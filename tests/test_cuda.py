@@ -78,6 +78,24 @@ def test_misaligned_pointers(rng, kernel, offset):
     assert (out_flat[:offset] == 7).all()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_v4_rows_lean_and_general(rng, rows, dtype):
+    """v4 has two kernels: the lean one (rows 1/2/4/8 dividing G) and the general
+    one (more rows than 8, or rows not dividing G: a group's last tile is short).
+    Every rows value, partial column blocks, and a misaligned output (scalar path)."""
+    for K, N, G in ((7 * 128, 4104, 128), (200, 136, 200), (96, 8, 32), (96, 136, 48)):
+        qw, qz, sc = to_cuda(rng, K, N, G, dtype)
+        for block in (32, 96, 256):
+            out = torch.full((K, N), 7.0, dtype=getattr(torch, dtype), device="cuda")
+            awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
+            check(out, qw, qz, sc)
+        flat = torch.full((K * N + 1,), 7.0, dtype=getattr(torch, dtype), device="cuda")
+        awq._C._launch_config(qw, qz, sc, flat[1:].view(K, N), "v4", 64, rows)
+        check(flat[1:].view(K, N), qw, qz, sc)
+        assert flat[0].item() == 7.0
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_zero_size(kernel):
     for K, N in ((0, 16), (64, 0)):
@@ -99,9 +117,12 @@ def test_more_than_2_31_elements():
                        generator=g)
     sc = torch.randn((K // G, N), device="cuda", generator=g).half()
     out = torch.empty((K, N), dtype=torch.float16, device="cuda")
-    for kernel in KERNELS:
+    # v4's general kernel (rows 16) as well as the lean one that "v4"/"auto" take
+    launches = [lambda k=k: awq.dequantize(qw, qz, sc, out=out, kernel=k) for k in KERNELS]
+    launches.append(lambda: awq._C._launch_config(qw, qz, sc, out, "v4", 256, 16))
+    for launch in launches:
         out.fill_(float("nan"))
-        awq.dequantize(qw, qz, sc, out=out, kernel=kernel)
+        launch()
         torch.cuda.synchronize()
         for grp in (0, K // G // 2, K // G - 1):
             rows = slice(grp * G, grp * G + G)
