@@ -874,19 +874,13 @@ int v4_access(const awq_problem *p)
     return out_bytes <= kStreamOutBytes ? kAccStream : kAccWriteBack;
 }
 
-cudaError_t awq_v4_launch_mode(const awq_problem *p, int block, int rows, int acc, cudaStream_t stream)
+cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
 {
-    if (!v4_vector_ok(p)) acc = kAccScalar; /* 16-byte accesses need the alignment */
-    switch (acc) {
+    switch (v4_access(p)) {
     case kAccScalar: return v4_launch_acc<kAccScalar>(p, block, rows, stream);
     case kAccStream: return v4_launch_acc<kAccStream>(p, block, rows, stream);
     default: return v4_launch_acc<kAccWriteBack>(p, block, rows, stream);
     }
-}
-
-cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_t stream)
-{
-    return awq_v4_launch_mode(p, block, rows, v4_access(p), stream);
 }
 
 /* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
