@@ -46,7 +46,9 @@ def cuda_available() -> bool:
 
 
 def build_info() -> dict:
-    """What this build holds: version, compiler, OpenMP, CUDA and its architectures."""
+    """What this build holds: version, compiler, OpenMP, CUDA and its
+    architectures, and the generation of each backend's kernels
+    (``kernel_generations``), which keys the autotune cache."""
     return _C.build_info()
 
 
@@ -57,7 +59,10 @@ def cache_path() -> str:
 
 
 def cache_entries() -> list:
-    """The tuned configurations known to this process (file included)."""
+    """The tuned configurations known to this process (file included).
+    Each entry's ``gen`` is the generation of the kernels it was tuned for;
+    a build uses only the entries of its own (``build_info()["kernel_generations"]``)
+    and keeps the others in the file for the builds that use them."""
     return _C.cache_entries()
 
 

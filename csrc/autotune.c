@@ -111,7 +111,7 @@ static int device_valid(const char *d)
 
 int awq_tune_key_valid(const awq_tune_key *k)
 {
-    if (!k || !device_valid(k->device))
+    if (!k || !device_valid(k->device) || k->gen < 1)
         return 0;
     if (k->K < 0 || k->N < 0 || k->N % 8 != 0 || k->G < 1)
         return 0;
@@ -136,8 +136,8 @@ int awq_tune_value_valid(const awq_tune_value *v)
     return isfinite(v->us) && v->us >= 0.0f;
 }
 
-int awq_tune_key_init(awq_tune_key *k, const char *device, int64_t K, int64_t N, int64_t G,
-                      awq_dtype scale_dtype, awq_dtype out_dtype)
+int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
+                      int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype)
 {
     if (!k)
         return -1;
@@ -148,6 +148,7 @@ int awq_tune_key_init(awq_tune_key *k, const char *device, int64_t K, int64_t N,
     if (n == AWQ_TUNE_DEVICE_LEN)
         return -1;
     memcpy(k->device, device, n);
+    k->gen = gen;
     k->K = K;
     k->N = N;
     k->G = G;
@@ -181,6 +182,7 @@ static uint64_t key_hash(const awq_tune_key *k)
         h ^= (unsigned char)k->device[i];
         h *= UINT64_C(0x100000001b3); /* FNV-1a 64-bit prime */
     }
+    h = mix64(h ^ (uint64_t)(unsigned)k->gen);
     h = mix64(h ^ (uint64_t)k->K);
     h = mix64(h ^ (uint64_t)k->N);
     h = mix64(h ^ (uint64_t)k->G);
@@ -190,8 +192,8 @@ static uint64_t key_hash(const awq_tune_key *k)
 
 static int key_equal(const awq_tune_key *a, const awq_tune_key *b)
 {
-    return a->K == b->K && a->N == b->N && a->G == b->G && a->scale_dtype == b->scale_dtype &&
-           a->out_dtype == b->out_dtype &&
+    return a->gen == b->gen && a->K == b->K && a->N == b->N && a->G == b->G &&
+           a->scale_dtype == b->scale_dtype && a->out_dtype == b->out_dtype &&
            strncmp(a->device, b->device, AWQ_TUNE_DEVICE_LEN) == 0;
 }
 
@@ -201,6 +203,7 @@ static void key_copy(awq_tune_key *dst, const awq_tune_key *src)
 {
     memset(dst, 0, sizeof *dst);
     memcpy(dst->device, src->device, strnlen(src->device, AWQ_TUNE_DEVICE_LEN));
+    dst->gen = src->gen;
     dst->K = src->K;
     dst->N = src->N;
     dst->G = src->G;
@@ -522,7 +525,7 @@ static void format_us(float us, char *buf, size_t len)
  * Parsing one line
  * ====================================================================== */
 
-#define FIELDS_PER_LINE 12
+#define FIELDS_PER_LINE 13
 
 /* Decimal digits only: no sign, no space, no "0x"; at most INT64_MAX.
  * Every integer of the format is >= 0, so a '-' is malformed. */
@@ -574,7 +577,7 @@ static int parse_entry(char *line, awq_tune_key *k, awq_tune_value *v)
     int n = 0;
     for (char *p = line;;) {
         if (n == FIELDS_PER_LINE)
-            return -1; /* a 13th field */
+            return -1; /* a 14th field */
         f[n++] = p;
         char *tab = strchr(p, '\t');
         if (!tab)
@@ -593,11 +596,12 @@ static int parse_entry(char *line, awq_tune_key *k, awq_tune_value *v)
     memcpy(k->device, f[0], dlen);
 
     awq_kernel kernel;
-    if (parse_nonneg(f[1], &k->K) || parse_nonneg(f[2], &k->N) || parse_nonneg(f[3], &k->G) ||
-        awq_tune_parse_dtype(f[4], &k->scale_dtype) || awq_tune_parse_dtype(f[5], &k->out_dtype) ||
-        awq_tune_parse_kernel(f[6], &kernel) || parse_int(f[7], &v->config.block_size) ||
-        parse_int(f[8], &v->config.rows) || parse_int(f[9], &v->config.threads) ||
-        parse_nonneg(f[10], &v->config.chunk) || parse_us(f[11], &v->us))
+    if (parse_int(f[1], &k->gen) || parse_nonneg(f[2], &k->K) || parse_nonneg(f[3], &k->N) ||
+        parse_nonneg(f[4], &k->G) || awq_tune_parse_dtype(f[5], &k->scale_dtype) ||
+        awq_tune_parse_dtype(f[6], &k->out_dtype) || awq_tune_parse_kernel(f[7], &kernel) ||
+        parse_int(f[8], &v->config.block_size) || parse_int(f[9], &v->config.rows) ||
+        parse_int(f[10], &v->config.threads) || parse_nonneg(f[11], &v->config.chunk) ||
+        parse_us(f[12], &v->us))
         return -1;
     v->config.kernel = (int)kernel;
     return awq_tune_key_valid(k) && awq_tune_value_valid(v) ? 0 : -1;
@@ -652,6 +656,7 @@ typedef enum {
     RS_MISSING,     /* no file: a first run */
     RS_EMPTY,       /* zero bytes */
     RS_BAD_HEADER,  /* not our header: another file, garbage, cut header */
+    RS_OLD,         /* our header with an older version (tuned for older kernels) */
     RS_FUTURE,      /* our header with a newer version */
     RS_ERROR,       /* could not open / read (err) */
     RS_NOT_REGULAR, /* a directory, FIFO, device... */
@@ -661,7 +666,7 @@ typedef enum {
 typedef struct {
     read_state state;
     int err;          /* errno for RS_ERROR, or a read error after some lines of RS_OK */
-    long version;     /* for RS_FUTURE */
+    long version;     /* for RS_OLD and RS_FUTURE */
     size_t malformed; /* lines skipped (RS_OK) */
 } read_report;
 
@@ -728,7 +733,9 @@ static void read_cache_file(const char *path, awq_table *into, read_report *r)
     }
     long version = header_version(lr);
     if (version != AWQ_TUNE_FORMAT_VERSION) {
-        r->state = version > AWQ_TUNE_FORMAT_VERSION ? RS_FUTURE : RS_BAD_HEADER;
+        r->state = version > AWQ_TUNE_FORMAT_VERSION ? RS_FUTURE
+                   : version >= 1                      ? RS_OLD
+                                                       : RS_BAD_HEADER;
         r->version = version;
         goto done;
     }
@@ -803,6 +810,12 @@ int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len)
         warnf(&w, "%s is not an awq_fast_dequant autotune cache (unrecognised first line); "
                   "ignored it",
               path);
+        break;
+    case RS_OLD:
+        warnf(&w, "the autotune cache %s has format v%ld, written by an older awq_fast_dequant "
+                  "for other kernels; ignored it (shapes are tuned again, and the next save "
+                  "replaces it)",
+              path, r.version);
         break;
     case RS_FUTURE:
         warnf(&w, "the autotune cache %s has format v%ld, newer than this build's v%d; "
@@ -943,6 +956,7 @@ static int entry_cmp(const void *pa, const void *pb)
 #define CMP_FIELD(f)                                                                              \
     if (a->f != b->f)                                                                             \
         return a->f < b->f ? -1 : 1;
+    CMP_FIELD(gen)
     CMP_FIELD(K)
     CMP_FIELD(N)
     CMP_FIELD(G)
@@ -1017,7 +1031,10 @@ static int write_temp(const char *path, char *tmp, size_t tmp_len, const table_e
     int ok = fprintf(f,
                      "%s%d\n"
                      "# One tuned launch configuration per line, fields separated by one tab:\n"
-                     "# device\tK\tN\tG\tscales\tout\tkernel\tblock_size\trows\tthreads\tchunk\tus\n"
+                     "# device\tgen\tK\tN\tG\tscales\tout\tkernel\tblock_size\trows\tthreads\tchunk"
+                     "\tus\n"
+                     "# gen: the generation of the kernels the entry was tuned for; each build "
+                     "uses its own.\n"
                      "# 0 means \"the kernel's default\"; us is the measured time in "
                      "microseconds. Safe to delete.\n",
                      header_prefix, AWQ_TUNE_FORMAT_VERSION) > 0;
@@ -1026,8 +1043,8 @@ static int write_temp(const char *path, char *tmp, size_t tmp_len, const table_e
         const awq_tune_value *v = &e[i].val;
         char us[32];
         format_us(v->us, us, sizeof us);
-        ok = fprintf(f, "%s\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%d\t%d\t%d\t%lld\t%s\n", k->device,
-                     (long long)k->K, (long long)k->N, (long long)k->G,
+        ok = fprintf(f, "%s\t%d\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%d\t%d\t%d\t%lld\t%s\n", k->device,
+                     k->gen, (long long)k->K, (long long)k->N, (long long)k->G,
                      dtype_names[k->scale_dtype], dtype_names[k->out_dtype],
                      kernel_names[v->config.kernel], v->config.block_size, v->config.rows,
                      v->config.threads, (long long)v->config.chunk, us) > 0;
@@ -1098,7 +1115,9 @@ int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len)
     case RS_MISSING:
     case RS_EMPTY:
     case RS_BAD_HEADER:
-        /* Damage that load already reported; the rewrite repairs it. */
+    case RS_OLD:
+        /* Damage (or an old format) that load already reported; the rewrite
+         * replaces it. */
         break;
     case RS_FUTURE:
         warnf(&w, "the autotune cache %s has format v%ld, newer than this build's v%d; "

@@ -7,17 +7,22 @@
  *
  * On-disk format (DESIGN.md section 5), one UTF-8/ASCII text file:
  *
- *   # awq_fast_dequant autotune cache v1
+ *   # awq_fast_dequant autotune cache v2
  *   # One tuned launch configuration per line, fields separated by one tab:
- *   # device  K  N  G  scales  out  kernel  block_size  rows  threads  chunk  us
+ *   # device  gen  K  N  G  scales  out  kernel  block_size  rows  threads  chunk  us
  *   # 0 means "the kernel's default"; us is the measured time in microseconds.
- *   NVIDIA H200 sm_90<TAB>4096<TAB>14336<TAB>128<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>41.37
+ *   NVIDIA H200 sm_90<TAB>2<TAB>4096<TAB>14336<TAB>128<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>41.37
  *
  * The first line names the format version; a file of another version is
- * never read (and a newer one is never overwritten).  Lines starting with
- * '#' are comments, empty lines are skipped, every other line is an entry
- * of exactly 12 fields:
+ * never read (an older one is replaced on the next save, a newer one is
+ * never overwritten).  Lines starting with '#' are comments, empty lines
+ * are skipped, every other line is an entry of exactly 13 fields:
  *   device      1..95 bytes, no tab / control character, not starting with '#'
+ *   gen         decimal >= 1: the generation of the device's kernels the
+ *               entry was tuned with (AWQ_CUDA_KERNELS_GEN / AWQ_CPU_KERNELS_GEN
+ *               of the build that wrote it).  Part of the key: a build looks
+ *               up only its own generation, and keeps the others' entries
+ *               for the builds that use them.
  *   K, N, G     decimal, K >= 0, N >= 0 and a multiple of 8, G >= 1,
  *               G divides K (unless K == 0)
  *   scales, out float16 | bfloat16 | float32
@@ -27,6 +32,7 @@
  *   us          a finite decimal >= 0 (C locale)
  * A line that breaks any rule (including a last line without its newline,
  * which may have been cut short) is skipped and counted.
+ * Version 1 had no gen field; its entries were tuned for older kernels.
  */
 #ifndef AWQ_AUTOTUNE_H
 #define AWQ_AUTOTUNE_H
@@ -41,7 +47,7 @@ extern "C" {
 #endif
 
 /* The format version written in the header line; the one place it lives. */
-#define AWQ_TUNE_FORMAT_VERSION 1
+#define AWQ_TUNE_FORMAT_VERSION 2
 
 /* Size of awq_tune_key.device, terminating NUL included. */
 #define AWQ_TUNE_DEVICE_LEN 96
@@ -51,6 +57,7 @@ typedef struct {
      * NUL-terminated inside the field; no tab, newline or other control
      * character; must not start with '#'.  The caller builds it. */
     char device[AWQ_TUNE_DEVICE_LEN];
+    int gen; /* generation of the device's kernels, >= 1 (see above) */
     int64_t K, N, G;
     awq_dtype scale_dtype, out_dtype;
 } awq_tune_key;
@@ -66,8 +73,8 @@ typedef struct awq_table awq_table;
 
 /* Zero-fills *k and sets its fields.  Returns 0, or -1 (and leaves *k
  * zeroed) when the device string does not fit or the key is not valid. */
-int awq_tune_key_init(awq_tune_key *k, const char *device, int64_t K, int64_t N, int64_t G,
-                      awq_dtype scale_dtype, awq_dtype out_dtype);
+int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
+                      int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype);
 
 /* 1 when the key / value obeys the rules of the file format above. */
 int awq_tune_key_valid(const awq_tune_key *k);
@@ -112,7 +119,7 @@ size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals
  * kept as it is (memory is at least as new as the file); among duplicate
  * lines of the file the last one wins.  A missing file is the normal first
  * run: no entries, no warning.  Warns (one message) about: an empty file,
- * an unrecognised first line, a newer format version, an unreadable path,
+ * an unrecognised first line, an older or newer format version, an unreadable path,
  * and "ignored N malformed lines in PATH".  Takes no lock: save replaces
  * the file atomically, so a reader sees the old or the new file. */
 int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len);
@@ -121,8 +128,9 @@ int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len);
  * re-reads PATH and merges its entries into t for keys t lacks (ours win),
  * writes every entry to PATH.tmp.<pid>.<random> in the same folder, fsyncs,
  * renames it over PATH, fsyncs the folder, unlocks.  Leftover temp files of
- * crashed writers are removed under the lock.  A file this build cannot
- * merge (newer version, unreadable, not a regular file) is left untouched.
+ * crashed writers are removed under the lock.  A damaged file or one of an
+ * older format version is replaced; one this build cannot merge (newer
+ * version, unreadable, not a regular file) is left untouched.
  * On any failure the temp file is removed and a warning written. */
 int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len);
 

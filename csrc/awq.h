@@ -47,6 +47,13 @@ typedef enum {
 
 #define AWQ_NUM_KERNELS 6
 
+/* Generation of each backend's kernels.  Bump one whenever a change to its
+ * kernels, their defaults or the meaning of a launch parameter could change
+ * which configuration is fastest: autotune entries are keyed by it
+ * (autotune.h), so picks tuned for other kernels are never used. */
+#define AWQ_CUDA_KERNELS_GEN 2
+#define AWQ_CPU_KERNELS_GEN 1
+
 /* Error codes returned by every backend entry point. */
 typedef enum {
     AWQ_OK = 0,

@@ -161,7 +161,8 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
     const char *dev = device_key(p, detail);
     if (dev == NULL)
         return -1;
-    if (awq_tune_key_init(&key, dev, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
+    const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
+    if (awq_tune_key_init(&key, dev, gen, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
         return awq_run(p, cfg); /* a key the file cannot hold: just run */
     if (awq_table_get(st->table, &key, &val)) {
         st->hits++;
@@ -258,10 +259,11 @@ PyObject *awq_py_cache_entries(PyObject *module, PyObject *unused)
     for (size_t i = 0; i < n; i++) {
         const awq_config *c = &vals[i].config;
         PyObject *d = Py_BuildValue(
-            "{s:s,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:L,s:d}", "device", keys[i].device, "K",
-            (long long)keys[i].K, "N", (long long)keys[i].N, "G", (long long)keys[i].G,
-            "scales_dtype", awq_tune_dtype_name(keys[i].scale_dtype), "out_dtype",
-            awq_tune_dtype_name(keys[i].out_dtype), "kernel", awq_tune_kernel_name(c->kernel),
+            "{s:s,s:i,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:L,s:d}", "device", keys[i].device,
+            "gen", keys[i].gen, "K", (long long)keys[i].K, "N", (long long)keys[i].N, "G",
+            (long long)keys[i].G, "scales_dtype", awq_tune_dtype_name(keys[i].scale_dtype),
+            "out_dtype", awq_tune_dtype_name(keys[i].out_dtype), "kernel",
+            awq_tune_kernel_name(c->kernel),
             "block_size", c->block_size, "rows", c->rows, "threads", c->threads, "chunk",
             (long long)c->chunk, "us", (double)vals[i].us);
         if (d == NULL || PyList_Append(list, d) < 0) {
@@ -350,7 +352,7 @@ PyObject *awq_py_table_test(PyObject *module, PyObject *args)
         memset(&v, 0, sizeof v);
         if (strcmp(verb, "size") == 0) {
             r = PyLong_FromSize_t(awq_table_size(t));
-        } else if (awq_tune_key_init(&k, dev, K, N, G, AWQ_F16, AWQ_F16) < 0) {
+        } else if (awq_tune_key_init(&k, dev, 1, K, N, G, AWQ_F16, AWQ_F16) < 0) {
             PyErr_Format(PyExc_ValueError, "invalid key in operation %zd", i);
             goto fail;
         } else if (strcmp(verb, "put") == 0) {

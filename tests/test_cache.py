@@ -16,7 +16,8 @@ from awq_fast_dequant import _C, reference
 
 from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem
 
-HEADER = "# awq_fast_dequant autotune cache v1\n"
+HEADER = "# awq_fast_dequant autotune cache v2\n"
+CPU_GEN = awq.build_info()["kernel_generations"]["cpu"]
 
 
 @pytest.fixture
@@ -109,8 +110,10 @@ def test_first_call_tunes_then_hits(cache_dir, rng):
     assert entry["K"] == 256 and entry["N"] == 512 and entry["G"] == 128
     assert entry["scales_dtype"] == entry["out_dtype"] == "float16"
     assert entry["kernel"] == "cpu" and entry["us"] > 0 and entry["device"].startswith("cpu ")
+    assert entry["gen"] == CPU_GEN
     text = (cache_dir / "autotune.txt").read_text()
-    assert text.startswith(HEADER) and "\t256\t512\t128\tfloat16\tfloat16\tcpu\t" in text
+    assert text.startswith(HEADER)
+    assert f"\t{CPU_GEN}\t256\t512\t128\tfloat16\tfloat16\tcpu\t" in text
     assert awq.cache_path() == str(cache_dir / "autotune.txt")
 
 
@@ -166,7 +169,7 @@ def test_four_processes_tune_different_shapes_at_once(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     lines = [l for l in (tmp_path / "autotune.txt").read_text().splitlines()
              if l and not l.startswith("#")]
-    assert sorted(int(l.split("\t")[2]) for l in lines) == [64, 128, 256, 512]
+    assert sorted(int(l.split("\t")[3]) for l in lines) == [64, 128, 256, 512]  # N
 
 
 def test_eight_threads_same_new_shape(cache_dir, rng):
@@ -195,7 +198,7 @@ def test_eight_threads_same_new_shape(cache_dir, rng):
 
 # ---- a damaged cache is never an error ----
 
-GOOD = "cpu x86_64 avx2+f16c 2t\t64\t64\t32\tfloat16\tfloat16\tcpu\t0\t0\t1\t8\t12.5\n"
+GOOD = f"cpu x86_64 avx2+f16c 2t\t{CPU_GEN}\t64\t64\t32\tfloat16\tfloat16\tcpu\t0\t0\t1\t8\t12.5\n"
 
 DAMAGED = {
     "empty": "",
@@ -230,6 +233,56 @@ def test_future_version_file_is_not_overwritten(cache_dir, rng):
     with pytest.warns(RuntimeWarning):
         awq.smart_dequantize(qw, qz, sc)
     assert path.read_text() == DAMAGED["future_version"]
+
+
+def _tuned_line(cache_dir, rng, K, N, G):
+    """The file line this build writes for a CPU tuning of (K, N, G), split in fields."""
+    qw, qz, sc = make_problem(rng, K, N, G)
+    awq.smart_dequantize(qw, qz, sc)
+    lines = (cache_dir / "autotune.txt").read_text().splitlines()
+    (line,) = [ln for ln in lines if not ln.startswith("#")]
+    awq.clear_cache()
+    _C._cache_reload()
+    return line.split("\t"), (qw, qz, sc)
+
+
+def test_entries_of_other_kernel_generations_are_kept_not_used(cache_dir, rng):
+    """A pick tuned for other kernels (another generation) is never used, and
+    stays in the file for the build that tuned it."""
+    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 128, 64, 32)
+    assert fields[1] == str(CPU_GEN)
+    other = fields[:]
+    other[1] = str(CPU_GEN + 1)
+    other[-1] = "0.001"  # an entry this build would otherwise take as is
+    cache_dir.mkdir(exist_ok=True)
+    (cache_dir / "autotune.txt").write_text(HEADER + "\t".join(other) + "\n")
+    got = awq.smart_dequantize(qw, qz, sc)
+    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc))
+    stats = awq.cache_stats()
+    assert (stats["misses"], stats["tunings"], stats["hits"]) == (1, 1, 0)
+    gens = sorted(e["gen"] for e in awq.cache_entries())
+    assert gens == [CPU_GEN, CPU_GEN + 1]
+    text = (cache_dir / "autotune.txt").read_text()
+    assert "\t".join(other) + "\n" in text  # the other generation's line, unchanged
+    awq.smart_dequantize(qw, qz, sc)
+    assert awq.cache_stats()["hits"] == 1
+
+
+def test_old_format_file_is_replaced(cache_dir, rng):
+    """A version-1 file (no generation: tuned for older kernels) is ignored with
+    one warning, and the first save replaces it with the current format."""
+    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 128, 64, 32)
+    v1_line = "\t".join([fields[0]] + fields[2:]) + "\n"
+    cache_dir.mkdir(exist_ok=True)
+    path = cache_dir / "autotune.txt"
+    path.write_text("# awq_fast_dequant autotune cache v1\n" + v1_line)
+    with pytest.warns(RuntimeWarning, match="format v1, written by an older"):
+        got = awq.smart_dequantize(qw, qz, sc)
+    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc))
+    assert awq.cache_stats()["tunings"] == 1
+    text = path.read_text()
+    assert text.startswith(HEADER) and v1_line not in text
+    assert [e["gen"] for e in awq.cache_entries()] == [CPU_GEN]
 
 
 def test_unwritable_folder(tmp_path, monkeypatch, rng):

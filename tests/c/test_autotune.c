@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
@@ -56,12 +57,13 @@ static char root[256]; /* the test's temp folder */
 
 static const char *devices[] = {"NVIDIA H200 sm_90", "cpu x86_64 16t", "NVIDIA A100-SXM4-80GB sm_80"};
 
-/* Key i: distinct for every i (K differs). */
+/* Key i: distinct for every i (K differs); generations 1 and 2 alternate. */
 static awq_tune_key key_of(int i)
 {
     awq_tune_key k;
-    int rc = awq_tune_key_init(&k, devices[i % 3], 128 * (int64_t)(i + 1), 8 * (int64_t)(i % 5 + 1),
-                               128, (awq_dtype)(i % 3), (awq_dtype)(i / 3 % 3));
+    int rc = awq_tune_key_init(&k, devices[i % 3], 1 + i % 2, 128 * (int64_t)(i + 1),
+                               8 * (int64_t)(i % 5 + 1), 128, (awq_dtype)(i % 3),
+                               (awq_dtype)(i / 3 % 3));
     if (rc != 0) {
         fprintf(stderr, "key_of(%d) invalid\n", i);
         exit(2);
@@ -257,10 +259,27 @@ static void test_basic(void)
     char longdev[200];
     memset(longdev, 'a', sizeof longdev - 1);
     longdev[sizeof longdev - 1] = '\0';
-    CHECK(awq_tune_key_init(&a, longdev, 128, 8, 128, AWQ_F16, AWQ_F16) == -1);
+    CHECK(awq_tune_key_init(&a, longdev, 1, 128, 8, 128, AWQ_F16, AWQ_F16) == -1);
     longdev[AWQ_TUNE_DEVICE_LEN - 1] = '\0'; /* 95 chars: fits */
-    CHECK(awq_tune_key_init(&a, longdev, 128, 8, 128, AWQ_F16, AWQ_F16) == 0);
-    CHECK(awq_tune_key_init(&a, "cpu", 0, 0, 7, AWQ_F16, AWQ_F32) == 0); /* empty matrix */
+    CHECK(awq_tune_key_init(&a, longdev, 1, 128, 8, 128, AWQ_F16, AWQ_F16) == 0);
+    CHECK(awq_tune_key_init(&a, "cpu", 1, 0, 0, 7, AWQ_F16, AWQ_F32) == 0); /* empty matrix */
+    CHECK(awq_tune_key_init(&a, "cpu", 0, 128, 8, 128, AWQ_F16, AWQ_F16) == -1); /* gen 0 */
+    CHECK(awq_tune_key_init(&a, "cpu", -1, 128, 8, 128, AWQ_F16, AWQ_F16) == -1);
+
+    /* the generation is part of the key: one shape, two generations, two entries */
+    awq_tune_key g1, g2;
+    awq_tune_value gv1 = v, gv2 = v;
+    gv1.config.block_size = 64;
+    gv2.config.block_size = 512;
+    CHECK(awq_tune_key_init(&g1, "gen test", 1, 256, 16, 128, AWQ_F16, AWQ_F16) == 0);
+    CHECK(awq_tune_key_init(&g2, "gen test", 2, 256, 16, 128, AWQ_F16, AWQ_F16) == 0);
+    size_t before = awq_table_size(t);
+    CHECK(awq_table_put(t, &g1, &gv1) == 0 && awq_table_put(t, &g2, &gv2) == 0);
+    CHECK(awq_table_size(t) == before + 2);
+    CHECK(awq_table_get(t, &g1, &got) && got.config.block_size == 64);
+    CHECK(awq_table_get(t, &g2, &got) && got.config.block_size == 512);
+    g2.gen = 3;
+    CHECK(!awq_table_get(t, &g2, &got));
 
     /* names */
     awq_dtype dt;
@@ -419,14 +438,14 @@ static void test_round_trip(void)
     /* awkward but legal values */
     awq_tune_key k;
     awq_tune_value v = {{AWQ_KERNEL_CPU, 0, 0, 0, 0}, 0.0f};
-    awq_tune_key_init(&k, " spaced  device ", 0, 0, 1, AWQ_F32, AWQ_BF16);
+    awq_tune_key_init(&k, " spaced  device ", 7, 0, 0, 1, AWQ_F32, AWQ_BF16);
     awq_table_put(t, &k, &v);
     v.us = 3.4e38f;
-    awq_tune_key_init(&k, "x", 1, 8, 1, AWQ_F16, AWQ_F16);
+    awq_tune_key_init(&k, "x", INT_MAX, 1, 8, 1, AWQ_F16, AWQ_F16);
     awq_table_put(t, &k, &v);
     v.us = 1.17549435e-38f;
     v.config.chunk = INT64_MAX;
-    awq_tune_key_init(&k, "x", 2, 8, 1, AWQ_F16, AWQ_F16);
+    awq_tune_key_init(&k, "x", 1, 2, 8, 1, AWQ_F16, AWQ_F16);
     awq_table_put(t, &k, &v);
 
     CHECK(awq_table_save(t, path, warn, sizeof warn) == 0);
@@ -437,9 +456,10 @@ static void test_round_trip(void)
 
     size_t len;
     char *text = read_all(path, &len);
-    CHECK(text && strncmp(text, "# awq_fast_dequant autotune cache v1\n", 37) == 0);
+    CHECK(text && strncmp(text, "# awq_fast_dequant autotune cache v2\n", 37) == 0);
     CHECK(text && text[len - 1] == '\n');
-    CHECK(text && strstr(text, "NVIDIA H200 sm_90\t128\t8\t128\tfloat16\tfloat16\tv1\t32\t0\t0\t0\t0.1\n"));
+    CHECK(text &&
+          strstr(text, "NVIDIA H200 sm_90\t1\t128\t8\t128\tfloat16\tfloat16\tv1\t32\t0\t0\t0\t0.1\n"));
     free(text);
 
     awq_table *u = awq_table_new();
@@ -624,7 +644,7 @@ static void test_concurrent_savers(void)
     awq_table_free(t);
 }
 
-static const char header[] = "# awq_fast_dequant autotune cache v1\n";
+static const char header[] = "# awq_fast_dequant autotune cache v2\n";
 
 static void test_damaged_files(void)
 {
@@ -645,7 +665,7 @@ static void test_damaged_files(void)
 
     /* header only, and comments / blank lines */
     path_in(path, sizeof path, "header.txt");
-    write_text(path, "# awq_fast_dequant autotune cache v1\n# a comment\n\n#\n");
+    write_text(path, "# awq_fast_dequant autotune cache v2\n# a comment\n\n#\n");
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 0 && warn[0] == '\0');
     CHECK(awq_table_size(t) == 0);
 
@@ -665,35 +685,38 @@ static void test_damaged_files(void)
     dev96[AWQ_TUNE_DEVICE_LEN] = '\0';
     int nb = sprintf(body,
                      "%s"
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t10.5\n"  /* valid */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t10.5\n"  /* valid */
                      "# comment\n"
                      "\n"
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\n"        /* 10 fields */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\t9\n" /* 13 */
-                     "dev\t12a\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K text */
-                     "dev\t128\t8\t128\tfloat64\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* dtype */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv9\t256\t2\t0\t0\t1\n"  /* kernel */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tauto\t256\t2\t0\t0\t1\n" /* auto */
-                     "dev\t128\t8\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"    /* G = 0 */
-                     "dev\t128\t-8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N < 0 */
-                     "%s\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"   /* device */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\tnan\n"
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t48\t2\t0\t0\t1\n"   /* block */
-                     "dev\t100\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K % G */
-                     "dev\t128\t12\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N % 8 */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1e999\n"
-                     "\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"     /* no device */
-                     "dev\t 128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* space */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\r\n" /* CRLF */
-                     "dev\t99999999999999999999\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0x10\n"
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\n"        /* 11 fields */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\t9\n" /* 14 */
+                     "dev\t1\t12a\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K text */
+                     "dev\t1\t128\t8\t128\tfloat64\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* dtype */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv9\t256\t2\t0\t0\t1\n"  /* kernel */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tauto\t256\t2\t0\t0\t1\n" /* auto */
+                     "dev\t1\t128\t8\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"    /* G = 0 */
+                     "dev\t1\t128\t-8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N < 0 */
+                     "%s\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"   /* device */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\tnan\n"
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t48\t2\t0\t0\t1\n"   /* block */
+                     "dev\t1\t100\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K % G */
+                     "dev\t1\t128\t12\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N % 8 */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1e999\n"
+                     "dev\t0\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* gen 0 */
+                     "dev\tg\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* gen text */
+                     "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"     /* v1 line */
+                     "\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"     /* no device */
+                     "dev\t1\t 128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* space */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\r\n" /* CRLF */
+                     "dev\t1\t99999999999999999999\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0x10\n"
                      "%s" /* a 200 kB line */
-                     "dev\t256\t8\t128\tbfloat16\tfloat32\tcpu\t0\t0\t4\t32\t7\n"  /* valid */
-                     "dev\t128\t8\t128\tfloat16\tfloat16\tv3\t128\t0\t0\t0\t9.25\n" /* dup: wins */
-                     "dev\t512\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1", /* cut short */
+                     "dev\t1\t256\t8\t128\tbfloat16\tfloat32\tcpu\t0\t0\t4\t32\t7\n"  /* valid */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv3\t128\t0\t0\t0\t9.25\n" /* dup: wins */
+                     "dev\t1\t512\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1", /* cut short */
                      header, dev96, big);
     /* and one line holding a NUL byte, before the cut one */
-    static const char nul_line[] = "dev\t1024\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\0\t0\t1\n";
+    static const char nul_line[] = "dev\t1\t1024\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\0\t0\t1\n";
     char *cut = strrchr(body, '\n') + 1;
     size_t cut_len = strlen(cut);
     memmove(cut + sizeof nul_line - 1, cut, cut_len + 1);
@@ -702,16 +725,16 @@ static void test_damaged_files(void)
     write_bytes(path, body, (size_t)nb);
     awq_table_clear(t);
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 1);
-    snprintf(expect, sizeof expect, "ignored 22 malformed lines in %s", path);
+    snprintf(expect, sizeof expect, "ignored 25 malformed lines in %s", path);
     CHECK(strcmp(warn, expect) == 0);
     if (strcmp(warn, expect) != 0)
         fprintf(stderr, "  got: %s\n", warn);
     CHECK(awq_table_size(t) == 2);
     awq_tune_key k;
     awq_tune_value v;
-    awq_tune_key_init(&k, "dev", 128, 8, 128, AWQ_F16, AWQ_F16);
+    awq_tune_key_init(&k, "dev", 1, 128, 8, 128, AWQ_F16, AWQ_F16);
     CHECK(awq_table_get(t, &k, &v) && v.config.kernel == AWQ_KERNEL_V3 && v.us == 9.25f);
-    awq_tune_key_init(&k, "dev", 256, 8, 128, AWQ_BF16, AWQ_F32);
+    awq_tune_key_init(&k, "dev", 1, 256, 8, 128, AWQ_BF16, AWQ_F32);
     CHECK(awq_table_get(t, &k, &v) && v.config.threads == 4 && v.config.chunk == 32);
     /* save repairs the file: the bad lines are gone, the good ones stay */
     CHECK(awq_table_save(t, path, warn, sizeof warn) == 0);
@@ -741,7 +764,7 @@ static void test_damaged_files(void)
         size_t lines = 0; /* complete entry lines in the prefix */
         for (size_t i = 0; i < c; i++)
             lines += ftext[i] == '\n';
-        lines = lines > 4 ? lines - 4 : 0; /* header + 3 comment lines */
+        lines = lines > 5 ? lines - 5 : 0; /* header + 4 comment lines */
         int partial = c > 0 && ftext[c - 1] != '\n';
         if (awq_table_size(t) != lines)
             bad++;
@@ -809,15 +832,15 @@ static void test_damaged_files(void)
     awq_table_clear(t);
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 0 && has_val(t, 1, 1));
 
-    /* other first lines: an older version, no version, cut header, CRLF */
+    /* other first lines: version 0, no version, cut header, CRLF */
     const char *bad_headers[] = {
         "# awq_fast_dequant autotune cache v0\n", "# awq_fast_dequant autotune cache v\n",
-        "# awq_fast_dequant autotune cache v1",   "# awq_fast_dequant autotune cache v1\r\n",
-        "# awq_fast_dequant autotune cache v1x\n", "hello\n",
+        "# awq_fast_dequant autotune cache v2",   "# awq_fast_dequant autotune cache v2\r\n",
+        "# awq_fast_dequant autotune cache v2x\n", "hello\n",
     };
     for (size_t i = 0; i < sizeof bad_headers / sizeof *bad_headers; i++) {
         char buf[512];
-        snprintf(buf, sizeof buf, "%sdev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n",
+        snprintf(buf, sizeof buf, "%sdev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n",
                  bad_headers[i]);
         write_text(path, buf);
         awq_table_clear(t);
@@ -825,14 +848,32 @@ static void test_damaged_files(void)
         CHECK_WARN(warn, "unrecognised first line");
     }
 
+    /* an older version (v1: no generation, tuned for older kernels): ignored
+     * with a warning, and replaced by the next save */
+    path_in(path, sizeof path, "old.txt");
+    write_text(path, "# awq_fast_dequant autotune cache v1\n"
+                     "NVIDIA H200 sm_90\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n");
+    awq_table_clear(t);
+    CHECK(awq_table_load(t, path, warn, sizeof warn) == 1);
+    CHECK_WARN(warn, "has format v1, written by an older awq_fast_dequant");
+    CHECK(awq_table_size(t) == 0);
+    awq_table_put(t, &gk, &gv);
+    CHECK(awq_table_save(t, path, warn, sizeof warn) == 0 && warn[0] == '\0');
+    char *replaced = read_all(path, NULL);
+    CHECK(replaced && strncmp(replaced, header, sizeof header - 1) == 0);
+    free(replaced);
+    awq_table_clear(t);
+    CHECK(awq_table_load(t, path, warn, sizeof warn) == 0 && awq_table_size(t) == 1 &&
+          has_val(t, 1, 1));
+
     /* a future version: ignored, and never overwritten */
     path_in(path, sizeof path, "future.txt");
-    const char future[] = "# awq_fast_dequant autotune cache v2\n"
+    const char future[] = "# awq_fast_dequant autotune cache v3\n"
                           "NVIDIA H200 sm_90\t128\t8\t128\tfloat16\tfloat16\tv7\t1\t2\t3\t4\t5\tnew\n";
     write_text(path, future);
     awq_table_clear(t);
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 1);
-    CHECK_WARN(warn, "has format v2, newer than this build's v1");
+    CHECK_WARN(warn, "has format v3, newer than this build's v2");
     CHECK(awq_table_size(t) == 0);
     awq_table_put(t, &gk, &gv);
     CHECK(awq_table_save(t, path, warn, sizeof warn) == 1);
