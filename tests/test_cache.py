@@ -367,6 +367,8 @@ def test_smart_on_cuda(cache_dir, rng):
                 reference.assert_bitexact(b, expect)
     entries = [e for e in awq.cache_entries() if not e["device"].startswith("cpu")]
     assert len(entries) == len(shapes) * 9 and all(e["kernel"] in ("v3", "v4") for e in entries)
+    cuda_gen = awq.build_info()["kernel_generations"]["cuda"]
+    assert all(e["gen"] == cuda_gen for e in entries)
 
 
 @pytest.mark.gpu
