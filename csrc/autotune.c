@@ -130,6 +130,8 @@ int awq_tune_value_valid(const awq_tune_value *v)
     if (c->block_size != 0 &&
         (c->block_size < 32 || c->block_size > 1024 || c->block_size % 32 != 0))
         return 0;
+    if (c->rows != 0 && (c->rows > 64 || (c->rows & (c->rows - 1)) != 0))
+        return 0; /* v4's rows: a power of two up to 64 */
     if (c->rows < 0 || c->rows > TUNE_MAX_PARAM || c->threads < 0 ||
         c->threads > TUNE_MAX_PARAM || c->chunk < 0)
         return 0;

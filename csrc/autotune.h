@@ -28,7 +28,8 @@
  *   scales, out float16 | bfloat16 | float32
  *   kernel      v1 | v2 | v3 | v4 | cpu
  *   block_size  0, or a multiple of 32 in [32, 1024]
- *   rows, threads, chunk   decimal >= 0
+ *   rows        0, or a power of two up to 64
+ *   threads, chunk   decimal >= 0
  *   us          a finite decimal >= 0 (C locale)
  * A line that breaks any rule (including a last line without its newline,
  * which may have been cut short) is skipped and counted.

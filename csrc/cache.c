@@ -164,7 +164,10 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_key_init(&key, dev, gen, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
         return awq_run(p, cfg); /* a key the file cannot hold: just run */
-    if (awq_table_get(st->table, &key, &val)) {
+    /* An entry for the other backend (a file edited by hand) is a miss:
+     * tuning replaces it. */
+    if (awq_table_get(st->table, &key, &val) &&
+        (val.config.kernel == AWQ_KERNEL_CPU) == (p->device < 0)) {
         st->hits++;
         return awq_run(p, &val.config);
     }

@@ -261,8 +261,12 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c)
     if (c->threads < 0 || c->chunk < 0)
         return AWQ_ERR_CONFIG;
 
-    int threads = c->threads > 0 ? c->threads : awq_cpu_max_threads();
-    int64_t chunk = c->chunk > 0 ? c->chunk : 16;
+    /* The tuner never asks for more threads than OpenMP offers, nor for
+     * chunks longer than K; an autotune file edited by hand may: clamp, so
+     * that no count overflows and no thread is created in vain. */
+    const int max_threads = awq_cpu_max_threads();
+    int threads = c->threads > 0 && c->threads < max_threads ? c->threads : max_threads;
+    int64_t chunk = c->chunk > 0 ? (c->chunk < p->K ? c->chunk : p->K) : 16;
     int64_t items = (p->K + chunk - 1) / chunk;
     if (threads > items)
         threads = (int)items;

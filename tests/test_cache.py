@@ -285,6 +285,29 @@ def test_old_format_file_is_replaced(cache_dir, rng):
     assert [e["gen"] for e in awq.cache_entries()] == [CPU_GEN]
 
 
+def _write_entry(cache_dir, fields, config):
+    """The cache file holding one entry: `fields`' key with `config`
+    (kernel, block_size, rows, threads, chunk) and a time of 1 us."""
+    cache_dir.mkdir(exist_ok=True)
+    line = fields[:7] + list(config) + ["1"]
+    (cache_dir / "autotune.txt").write_text(HEADER + "\t".join(line) + "\n")
+    _C._cache_reload()
+
+
+def test_hand_edited_cpu_entries_stay_exact(cache_dir, rng):
+    """Entries no tuner writes but the format allows: parameters far out of
+    range are clamped, a configuration for the GPU is a miss (tuned again)."""
+    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 256, 64, 32)
+    expect = reference.dequantize(qw, qz, sc)
+    cases = {"huge chunk": (("cpu", "0", "0", "0", str(2**63 - 1)), 0),
+             "many threads": (("cpu", "0", "0", "65536", "1"), 0),
+             "a GPU config": (("v4", "256", "2", "0", "0"), 1)}
+    for name, (config, tunings) in cases.items():
+        _write_entry(cache_dir, fields, config)
+        reference.assert_bitexact(awq.smart_dequantize(qw, qz, sc), expect)
+        assert awq.cache_stats()["tunings"] == tunings, name
+
+
 def test_unwritable_folder(tmp_path, monkeypatch, rng):
     """A folder that cannot be created (a file stands in its path; works as root too)."""
     blocker = tmp_path / "file"
@@ -390,3 +413,28 @@ def test_no_tuning_during_graph_capture(cache_dir, rng):
     g.replay()
     torch.cuda.synchronize()
     reference.assert_bitexact(out, reference.dequantize(qw, qz, sc))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")
+def test_hand_edited_cuda_entries_never_fail(cache_dir, rng):
+    """A CPU configuration under a GPU key is a miss (tuned again); rows that
+    v4 does not take make the line malformed (one warning, tuned again)."""
+    torch = pytest.importorskip("torch")
+    qw, qz, sc = make_problem(rng, 256, 512, 128)
+    t = [torch.from_numpy(a).cuda() for a in (qw, qz, sc)]
+    expect = reference.dequantize(qw, qz, sc)
+    awq.smart_dequantize(*t)
+    torch.cuda.synchronize()
+    (fields,) = [ln.split("\t") for ln in (cache_dir / "autotune.txt").read_text().splitlines()
+                 if not ln.startswith("#")]
+    assert not fields[0].startswith("cpu")
+    awq.clear_cache()
+    _write_entry(cache_dir, fields, ("cpu", "0", "0", "2", "8"))
+    reference.assert_bitexact(awq.smart_dequantize(*t), expect)
+    assert awq.cache_stats()["tunings"] == 1
+    _write_entry(cache_dir, fields, ("v4", "64", "3", "0", "0"))
+    with pytest.warns(RuntimeWarning, match="malformed"):
+        got = awq.smart_dequantize(*t)
+    reference.assert_bitexact(got, expect)
+    assert awq.cache_stats()["tunings"] == 1

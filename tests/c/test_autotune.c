@@ -77,7 +77,7 @@ static awq_tune_value val_of(int i)
     memset(&v, 0, sizeof v);
     v.config.kernel = 1 + i % 5;
     v.config.block_size = 32 * (1 + i % 32);
-    v.config.rows = i % 9;
+    v.config.rows = i % 8 ? 1 << (i % 7) : 0; /* 0, or 1..64 */
     v.config.threads = i % 17;
     v.config.chunk = (int64_t)i * 3;
     v.us = 0.1f + (float)i * 0.37f;
@@ -246,6 +246,11 @@ static void test_basic(void)
     CHECK(awq_table_put(t, &k, &bv) == -2);
     bv = v;
     bv.config.block_size = 48;
+    CHECK(awq_table_put(t, &k, &bv) == -2);
+    bv = v;
+    bv.config.rows = 3;
+    CHECK(awq_table_put(t, &k, &bv) == -2);
+    bv.config.rows = 128;
     CHECK(awq_table_put(t, &k, &bv) == -2);
     bv = v;
     bv.us = -1.0f;
@@ -699,6 +704,8 @@ static void test_damaged_files(void)
                      "%s\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"   /* device */
                      "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\tnan\n"
                      "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t48\t2\t0\t0\t1\n"   /* block */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t64\t3\t0\t0\t1\n"   /* rows */
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t64\t128\t0\t0\t1\n" /* rows */
                      "dev\t1\t100\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K % G */
                      "dev\t1\t128\t12\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N % 8 */
                      "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1e999\n"
@@ -725,7 +732,7 @@ static void test_damaged_files(void)
     write_bytes(path, body, (size_t)nb);
     awq_table_clear(t);
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 1);
-    snprintf(expect, sizeof expect, "ignored 25 malformed lines in %s", path);
+    snprintf(expect, sizeof expect, "ignored 27 malformed lines in %s", path);
     CHECK(strcmp(warn, expect) == 0);
     if (strcmp(warn, expect) != 0)
         fprintf(stderr, "  got: %s\n", warn);
