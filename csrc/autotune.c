@@ -37,7 +37,7 @@
 #define PATH_MAX 4096
 #endif
 
-/* Upper bound for rows and threads: far above any real value, low enough
+/* Upper bound for threads: far above any real value, low enough
  * that a corrupted number is caught. */
 #define TUNE_MAX_PARAM 65536
 
@@ -130,10 +130,10 @@ int awq_tune_value_valid(const awq_tune_value *v)
     if (c->block_size != 0 &&
         (c->block_size < 32 || c->block_size > 1024 || c->block_size % 32 != 0))
         return 0;
-    if (c->rows != 0 && (c->rows > 64 || (c->rows & (c->rows - 1)) != 0))
-        return 0; /* v4's rows: a power of two up to 64 */
-    if (c->rows < 0 || c->rows > TUNE_MAX_PARAM || c->threads < 0 ||
-        c->threads > TUNE_MAX_PARAM || c->chunk < 0)
+    /* rows: 0, or v4's power of two up to 64 */
+    if (c->rows < 0 || c->rows > 64 || (c->rows & (c->rows - 1)) != 0)
+        return 0;
+    if (c->threads < 0 || c->threads > TUNE_MAX_PARAM || c->chunk < 0)
         return 0;
     return isfinite(v->us) && v->us >= 0.0f;
 }

@@ -10,7 +10,8 @@
  *   # awq_fast_dequant autotune cache v2
  *   # One tuned launch configuration per line, fields separated by one tab:
  *   # device  gen  K  N  G  scales  out  kernel  block_size  rows  threads  chunk  us
- *   # 0 means "the kernel's default"; us is the measured time in microseconds.
+ *   # gen: the generation of the kernels the entry was tuned for; each build uses its own.
+ *   # 0 means "the kernel's default"; us is the measured time in microseconds. Safe to delete.
  *   NVIDIA H200 sm_90<TAB>2<TAB>4096<TAB>14336<TAB>128<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>41.37
  *
  * The first line names the format version; a file of another version is
@@ -120,8 +121,8 @@ size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals
  * kept as it is (memory is at least as new as the file); among duplicate
  * lines of the file the last one wins.  A missing file is the normal first
  * run: no entries, no warning.  Warns (one message) about: an empty file,
- * an unrecognised first line, an older or newer format version, an unreadable path,
- * and "ignored N malformed lines in PATH".  Takes no lock: save replaces
+ * an unrecognised first line, an older or newer format version, an
+ * unreadable path, and "ignored N malformed lines in PATH".  Takes no lock: save replaces
  * the file atomically, so a reader sees the old or the new file. */
 int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len);
 
