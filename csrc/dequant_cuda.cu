@@ -886,11 +886,12 @@ cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_
 /* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
 
 constexpr int kMaxCachedDevices = 64;
-constexpr int kDefaultSMs = 132; /* H100/H200 SXM; used only if the query fails */
+constexpr int kDefaultSMs = 132;            /* H100/H200 SXM; used only if the query fails */
+constexpr int kDefaultThreadsPerSM = 2048; /* likewise */
 
 struct DeviceInfo {
     char name[256]; /* cudaDeviceProp::name is 256 bytes */
-    int major, minor, sms;
+    int major, minor, sms, threads_per_sm;
 };
 
 DeviceInfo g_devices[kMaxCachedDevices];
@@ -920,6 +921,7 @@ cudaError_t device_info(int dev, DeviceInfo *out)
     info.major = prop.major;
     info.minor = prop.minor;
     info.sms = prop.multiProcessorCount;
+    info.threads_per_sm = prop.maxThreadsPerMultiProcessor;
     if (dev < kMaxCachedDevices) {
         std::lock_guard<std::mutex> lock(g_device_mutex);
         if (!g_device_ready[dev].load(std::memory_order_relaxed)) {
@@ -931,10 +933,13 @@ cudaError_t device_info(int dev, DeviceInfo *out)
     return cudaSuccess;
 }
 
-int device_sms(int dev)
+/* Threads the whole device holds at once (one "wave"). */
+int64_t device_resident_threads(int dev)
 {
     DeviceInfo info;
-    return device_info(dev, &info) == cudaSuccess && info.sms > 0 ? info.sms : kDefaultSMs;
+    if (device_info(dev, &info) == cudaSuccess && info.sms > 0 && info.threads_per_sm > 0)
+        return (int64_t)info.sms * info.threads_per_sm;
+    return (int64_t)kDefaultSMs * kDefaultThreadsPerSM;
 }
 
 awq_status status_of(cudaError_t e)
@@ -1209,20 +1214,22 @@ void awq_cuda_default_config(const awq_problem *p, awq_config *c)
     c->rows = 2;
     if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
 
-    /* Measured on an H200 over the DESIGN.md shapes (docs/KERNELS.md), lean
-     * kernel, blocks {64..512} x rows {1, 2, 4, 8}: 64-thread blocks are best
-     * or within noise everywhere.  Large layers (> 32M elements) are bound by
-     * DRAM, where 2 rows a thread is best: more rows in flight per SM cost
-     * DRAM efficiency, fewer re-read each group's scales and zeros from L2 for
-     * every row.  Smaller layers are bound by latency: 8 rows a thread (8
-     * loads in flight), halved while the grid has fewer than 8 blocks an SM,
-     * since there the number of blocks in flight decides. */
-    const bool big = p->K * p->N > (32ll << 20);
-    int rows = big ? 2 : kV4MaxBatch;
+    /* Measured on an H200 (docs/KERNELS.md), lean kernel, blocks {64..512} x
+     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; 64-thread blocks
+     * are within about 0.15 us or 0.4% of the best block size everywhere.
+     * - Large layers (> 32M elements) are bound by DRAM: 2 rows a thread.
+     *   More rows in flight per SM cost DRAM efficiency; fewer re-read each
+     *   group's zeros and scales from L2 for every row.
+     * - Smaller layers are bound by latency: 4 rows a thread (4 loads in
+     *   flight) while the launch fits in one wave of resident threads, else
+     *   8 rows, which halves the threads.  The switch is where 4 rows stop
+     *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
+     *   (8 rows 9% faster).  Fewer than 4 rows never helped. */
     const int block = 64;
-    const int64_t min_blocks = 8 * (int64_t)device_sms(p->device);
+    int rows = 2;
+    if (p->K * p->N <= (32ll << 20))
+        rows = v4_units(p, 4, block) * block <= device_resident_threads(p->device) ? 4 : kV4MaxBatch;
     while (p->G % rows != 0) rows >>= 1; /* full tiles only: the lean kernel */
-    while (rows > 1 && v4_units(p, rows, block) < min_blocks) rows >>= 1;
     c->rows = rows;
     c->block_size = block;
 }
