@@ -39,9 +39,6 @@ class CudaTimer:
             self._events.append((Event(enable_timing=True), Event(enable_timing=True)))
         return self._events[:n]
 
-    def flush_cache(self) -> None:
-        self.flush.zero_()
-
     def run(self, fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
         """R timed launches of fn; (microseconds of each, the last result)."""
         pairs = self._pairs(runs)
@@ -66,9 +63,6 @@ class CpuTimer:
     def __init__(self, flush_bytes: int):
         self.flush_bytes = int(flush_bytes)
         self.flush = np.empty(self.flush_bytes, dtype=np.uint8)
-
-    def flush_cache(self) -> None:
-        self.flush.fill(0)
 
     def run(self, fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
         samples = []

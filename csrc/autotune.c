@@ -127,11 +127,8 @@ int awq_tune_value_valid(const awq_tune_value *v)
     const awq_config *c = &v->config;
     if (c->kernel < AWQ_KERNEL_V1 || c->kernel > AWQ_KERNEL_CPU)
         return 0;
-    if (c->block_size != 0 &&
-        (c->block_size < 32 || c->block_size > 1024 || c->block_size % 32 != 0))
-        return 0;
-    /* rows: 0, or v4's power of two up to 64 */
-    if (c->rows < 0 || c->rows > 64 || (c->rows & (c->rows - 1)) != 0)
+    if ((c->block_size != 0 && !awq_block_size_valid(c->block_size)) ||
+        (c->rows != 0 && !awq_rows_valid(c->rows)))
         return 0;
     if (c->threads < 0 || c->threads > TUNE_MAX_PARAM || c->chunk < 0)
         return 0;

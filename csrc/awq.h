@@ -83,7 +83,7 @@ typedef struct {
 typedef struct {
     int kernel;     /* awq_kernel */
     int block_size; /* CUDA threads per block (v3, v4); must be a multiple of 32 in [32, 1024] */
-    int rows;       /* v4: rows of one group handled per thread (1, 2, 4, 8, ...) */
+    int rows;       /* v4: rows of one group handled per thread: a power of two up to 64 */
     int threads;    /* CPU: worker threads */
     int64_t chunk;  /* CPU: rows per work item */
 } awq_config;
@@ -92,6 +92,19 @@ typedef struct {
 static inline int64_t awq_numel(const awq_problem *p) { return p->K * p->N; }
 
 static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u; }
+
+/* The one statement of what awq_config's CUDA fields may hold (besides 0):
+ * block_size a multiple of 32 in [32, 1024], rows a power of two in [1, 64]. */
+#define AWQ_MAX_BLOCK 1024
+#define AWQ_MAX_ROWS 64
+static inline int awq_block_size_valid(int64_t b)
+{
+    return b >= 32 && b <= AWQ_MAX_BLOCK && b % 32 == 0;
+}
+static inline int awq_rows_valid(int64_t r)
+{
+    return r >= 1 && r <= AWQ_MAX_ROWS && (r & (r - 1)) == 0;
+}
 
 /* ---- CPU backend (dequant_cpu.c) ------------------------------------- */
 

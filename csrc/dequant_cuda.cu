@@ -254,20 +254,29 @@ __host__ __device__ __forceinline__ int64_t divide(int64_t n, const Divisor &v)
 /* ======================================================================
  * Arguments shared by v1..v3 (one struct passed by value)
  * ====================================================================== */
-struct SimpleArgs {
+/* The operands every v1..v3 and general v4 launch passes, from the problem. */
+struct Operands {
     const uint32_t *qweight;
     const uint32_t *qzeros;
     const void *scales;
     void *out;
-    int64_t N;     /* columns */
-    int64_t W;     /* packed words per row: N / 8 */
+    int64_t N; /* columns */
+    int64_t W; /* packed words per row: N / 8 */
+};
+
+Operands operands_of(const awq_problem *p)
+{
+    return Operands{p->qweight, p->qzeros, p->scales, p->out, p->N, p->N / kColsPerWord};
+}
+
+struct SimpleArgs : Operands {
     int64_t count; /* v1: K * N elements; v2/v3: K * W words */
     Divisor divN, divW, divG;
 };
 
 constexpr int kV1Block = 256; /* v1 and v2 use a fixed block size (the issue's spec) */
 constexpr int kV2Block = 256;
-constexpr int kMaxBlock = 1024; /* CUDA's limit on threads per block */
+constexpr int kMaxBlock = AWQ_MAX_BLOCK; /* CUDA's limit on threads per block */
 
 /* ---- v1: one thread per output element -------------------------------- */
 template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_kernel(const SimpleArgs a)
@@ -317,13 +326,7 @@ template <class S, class O> __global__ void __launch_bounds__(kV1Block) awq_v1_k
  * host): one 16-byte access per 8 elements (two for f32); otherwise
  * element-wise accesses.
  * ====================================================================== */
-struct V4Args {
-    const uint32_t *qweight;
-    const uint32_t *qzeros;
-    const void *scales;
-    void *out;
-    int64_t N;      /* columns */
-    int64_t W;      /* packed words per row */
+struct V4Args : Operands {
     int64_t G;      /* group size */
     int64_t R;      /* rows per tile (config.rows) */
     int64_t tpg;     /* tiles per group: ceil(G / R) */
@@ -726,12 +729,7 @@ template <class F> cudaError_t dispatch_dtypes(awq_dtype s, awq_dtype o, F &&f)
 SimpleArgs simple_args(const awq_problem *p, int64_t count)
 {
     SimpleArgs a;
-    a.qweight = p->qweight;
-    a.qzeros = p->qzeros;
-    a.scales = p->scales;
-    a.out = p->out;
-    a.N = p->N;
-    a.W = p->N / kColsPerWord;
+    static_cast<Operands &>(a) = operands_of(p);
     a.count = count;
     a.divN = make_divisor(p->N);
     a.divW = make_divisor(a.W);
@@ -836,12 +834,7 @@ template <int ACC> cudaError_t v4_launch_lean(const awq_problem *p, int block, i
 template <int ACC> cudaError_t v4_launch_general(const awq_problem *p, int block, int R, cudaStream_t stream)
 {
     V4Args a;
-    a.qweight = p->qweight;
-    a.qzeros = p->qzeros;
-    a.scales = p->scales;
-    a.out = p->out;
-    a.N = p->N;
-    a.W = p->N / kColsPerWord;
+    static_cast<Operands &>(a) = operands_of(p);
     a.G = p->G;
     a.R = R;
     a.tpg = v4_tiles_per_group(p->G, R);
@@ -1008,9 +1001,8 @@ awq_status check_config(const awq_config *in, awq_config *c)
     if (in) r = *in;
     if (r.kernel == AWQ_KERNEL_AUTO) r.kernel = AWQ_KERNEL_V4;
     if (r.kernel < AWQ_KERNEL_V1 || r.kernel > AWQ_KERNEL_V4) return AWQ_ERR_CONFIG;
-    if (r.block_size != 0 && (r.block_size < 32 || r.block_size > kMaxBlock || r.block_size % 32 != 0))
+    if ((r.block_size != 0 && !awq_block_size_valid(r.block_size)) || (r.rows != 0 && !awq_rows_valid(r.rows)))
         return AWQ_ERR_CONFIG;
-    if (r.rows != 0 && (r.rows < 1 || r.rows > 64 || (r.rows & (r.rows - 1)) != 0)) return AWQ_ERR_CONFIG;
     *c = r;
     return AWQ_OK;
 }

@@ -430,7 +430,7 @@ static int validate(views *vs, const call_args *ca, awq_problem *p, awq_config *
                          bs, ca->kernel, device_str(qw->device, b1, sizeof b1));
             return -1;
         }
-        if (bs < 32 || bs > 1024 || bs % 32 != 0) {
+        if (!awq_block_size_valid(bs)) {
             PyErr_Format(PyExc_ValueError,
                          "block_size must be a multiple of 32 between 32 and 1024, got %lld", bs);
             return -1;
@@ -764,7 +764,7 @@ PyObject *awq_py_launch_config(PyObject *module, PyObject *const *args, Py_ssize
     long rows = PyLong_AsLong(args[6]);
     if (rows == -1 && PyErr_Occurred())
         return NULL;
-    if (rows < 1 || rows > 64 || (rows & (rows - 1)) != 0) {
+    if (!awq_rows_valid(rows)) {
         PyErr_SetString(PyExc_ValueError, "rows must be a power of two in [1, 64]");
         return NULL;
     }

@@ -1,5 +1,7 @@
 """Shared helpers: random AWQ problems in NumPy, and dtype plumbing."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,23 @@ def child_env(**extra):
     env = dict(os.environ, **extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p)
     return env
+
+
+def run_threads(n, fn):
+    """Runs fn(i) for i in range(n) on n threads released together; returns
+    the exceptions they raised."""
+    barrier, errors = threading.Barrier(n), []
+
+    def body(i):
+        try:
+            barrier.wait()
+            fn(i)
+        except Exception as e:  # reported by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

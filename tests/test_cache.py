@@ -5,7 +5,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 
-from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem
+from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem, run_threads
 
 HEADER = "# awq_fast_dequant autotune cache v2\n"
 CPU_GEN = awq.build_info()["kernel_generations"]["cpu"]
@@ -175,21 +174,12 @@ def test_four_processes_tune_different_shapes_at_once(tmp_path):
 def test_eight_threads_same_new_shape(cache_dir, rng):
     qw, qz, sc = make_problem(rng, 512, 1024, 128)
     expect = reference.dequantize(qw, qz, sc)
-    results, errors = [None] * 8, []
-    barrier = threading.Barrier(8)
+    results = [None] * 8
 
     def worker(i):
-        try:
-            barrier.wait()
-            results[i] = awq.smart_dequantize(qw, qz, sc)
-        except Exception as e:
-            errors.append(e)
+        results[i] = awq.smart_dequantize(qw, qz, sc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(8, worker)
     assert not errors
     for r in results:
         reference.assert_bitexact(r, expect)
@@ -235,21 +225,22 @@ def test_future_version_file_is_not_overwritten(cache_dir, rng):
     assert path.read_text() == DAMAGED["future_version"]
 
 
-def _tuned_line(cache_dir, rng, K, N, G):
-    """The file line this build writes for a CPU tuning of (K, N, G), split in fields."""
-    qw, qz, sc = make_problem(rng, K, N, G)
+def _tuned_fields(cache_dir, qw, qz, sc):
+    """The file line this build writes when it tunes these arrays, split in
+    fields; the cache is emptied again afterwards."""
     awq.smart_dequantize(qw, qz, sc)
     lines = (cache_dir / "autotune.txt").read_text().splitlines()
     (line,) = [ln for ln in lines if not ln.startswith("#")]
     awq.clear_cache()
     _C._cache_reload()
-    return line.split("\t"), (qw, qz, sc)
+    return line.split("\t")
 
 
 def test_entries_of_other_kernel_generations_are_kept_not_used(cache_dir, rng):
     """A pick tuned for other kernels (another generation) is never used, and
     stays in the file for the build that tuned it."""
-    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 128, 64, 32)
+    qw, qz, sc = make_problem(rng, 128, 64, 32)
+    fields = _tuned_fields(cache_dir, qw, qz, sc)
     assert fields[1] == str(CPU_GEN)
     other = fields[:]
     other[1] = str(CPU_GEN + 1)
@@ -271,7 +262,8 @@ def test_entries_of_other_kernel_generations_are_kept_not_used(cache_dir, rng):
 def test_old_format_file_is_replaced(cache_dir, rng):
     """A version-1 file (no generation: tuned for older kernels) is ignored with
     one warning, and the first save replaces it with the current format."""
-    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 128, 64, 32)
+    qw, qz, sc = make_problem(rng, 128, 64, 32)
+    fields = _tuned_fields(cache_dir, qw, qz, sc)
     v1_line = "\t".join([fields[0]] + fields[2:]) + "\n"
     cache_dir.mkdir(exist_ok=True)
     path = cache_dir / "autotune.txt"
@@ -297,7 +289,8 @@ def _write_entry(cache_dir, fields, config):
 def test_hand_edited_cpu_entries_stay_exact(cache_dir, rng):
     """Entries no tuner writes but the format allows: parameters far out of
     range are clamped, a configuration for the GPU is a miss (tuned again)."""
-    fields, (qw, qz, sc) = _tuned_line(cache_dir, rng, 256, 64, 32)
+    qw, qz, sc = make_problem(rng, 256, 64, 32)
+    fields = _tuned_fields(cache_dir, qw, qz, sc)
     expect = reference.dequantize(qw, qz, sc)
     cases = {"huge chunk": (("cpu", "0", "0", "0", str(2**63 - 1)), 0),
              "many threads": (("cpu", "0", "0", "65536", "1"), 0),
@@ -424,12 +417,8 @@ def test_hand_edited_cuda_entries_never_fail(cache_dir, rng):
     qw, qz, sc = make_problem(rng, 256, 512, 128)
     t = [torch.from_numpy(a).cuda() for a in (qw, qz, sc)]
     expect = reference.dequantize(qw, qz, sc)
-    awq.smart_dequantize(*t)
-    torch.cuda.synchronize()
-    (fields,) = [ln.split("\t") for ln in (cache_dir / "autotune.txt").read_text().splitlines()
-                 if not ln.startswith("#")]
+    fields = _tuned_fields(cache_dir, *t)
     assert not fields[0].startswith("cpu")
-    awq.clear_cache()
     _write_entry(cache_dir, fields, ("cpu", "0", "0", "2", "8"))
     reference.assert_bitexact(awq.smart_dequantize(*t), expect)
     assert awq.cache_stats()["tunings"] == 1

@@ -1,7 +1,5 @@
 """The CPU backend against the NumPy reference, bit for bit."""
 
-import os
-
 import numpy as np
 import pytest
 

@@ -1,8 +1,6 @@
 """Inputs through the NumPy C API (read-only too) and through DLPack (torch CPU,
 generic producers, legacy producers); outputs in the caller's framework."""
 
-import mmap
-
 import numpy as np
 import pytest
 

@@ -3,7 +3,6 @@ calls (including failing ones), and correct results from concurrent threads."""
 
 import gc
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import make_problem
+from conftest import make_problem, run_threads
 
 
 def _rss_kib():
@@ -70,22 +69,12 @@ def test_four_threads_at_once(rng):
     gets its own right answer."""
     problems = [make_problem(rng, 512, 1024, 128) for _ in range(4)]
     expected = [reference.dequantize(*p) for p in problems]
-    errors = []
-    barrier = threading.Barrier(4)
+    outs = [np.empty((512, 1024), np.float16) for _ in range(4)]
 
     def worker(i):
-        try:
-            out = np.empty((512, 1024), np.float16)
-            barrier.wait()
-            for _ in range(20):
-                awq.dequantize(*problems[i], out=out)
-                reference.assert_bitexact(out, expected[i])
-        except Exception as e:  # reported below
-            errors.append(e)
+        for _ in range(20):
+            awq.dequantize(*problems[i], out=outs[i])
+            reference.assert_bitexact(outs[i], expected[i])
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(4, worker)
     assert not errors, errors
