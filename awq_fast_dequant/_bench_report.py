@@ -8,6 +8,7 @@ import datetime as _dt
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 
@@ -275,6 +276,22 @@ def sweep_table(result: dict) -> str:
         "\ndefault block size is; smart vs winner = smart_dequantize's measured time over the winner's.")
 
 
+HOST_FLOOR_CASE = "empty kernel launch (floor)"
+
+
+def above_floor(host: dict, name: str):
+    """Median over repeats of (case - floor) in microseconds per call: each
+    repeat times every case within a few milliseconds, so the difference
+    cancels what the machine does to all of them at once.  None when the
+    floor is missing or the repeats do not pair up."""
+    cases = host.get("cases", {})
+    floor = cases.get(HOST_FLOOR_CASE, {}).get("samples_us_per_call") or []
+    mine = cases.get(name, {}).get("samples_us_per_call") or []
+    if name == HOST_FLOOR_CASE or not floor or len(floor) != len(mine):
+        return None
+    return statistics.median(a - b for a, b in zip(mine, floor))
+
+
 def host_table(result: dict) -> str:
     host = result.get("host_overhead")
     if not host or not host.get("cases"):
@@ -283,9 +300,13 @@ def host_table(result: dict) -> str:
     for name, e in host["cases"].items():
         busy = "yes" if e.get("all_busy") else ("ERROR" if e.get("error") else "NO")
         rows.append([name, _f(e.get("median_us"), "{:.2f}"), _f(e.get("min_us"), "{:.2f}"),
+                     _f(above_floor(host, name), "{:+.2f}"),
                      f"{e['calls']} x {len(e.get('samples_us_per_call', []))}", busy])
     return table(["call (shape " + host["label"] + ")", "median us/call", "min us/call",
-                  "calls x repeats", "GPU busy throughout"], rows, right={1, 2, 3})
+                  "above floor", "calls x repeats", "GPU busy throughout"], rows,
+                 right={1, 2, 3, 4}) + (
+        "\nabove floor = median over repeats of (call - empty kernel launch) in the same repeat:"
+        "\nthe host work of the call itself, whatever the machine's speed at the moment.")
 
 
 def prefill_table(result: dict) -> str:

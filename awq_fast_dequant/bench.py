@@ -100,6 +100,7 @@ HOST_CALLS_OURS = 200
 HOST_CALLS_TORCH = 40
 # torch.cuda._sleep cycles: ~100 ms at 2 GHz, far longer than the timed calls.
 HOST_SLEEP_CYCLES = 200_000_000
+FLOOR_CASE = report.HOST_FLOOR_CASE
 
 
 def bytes_moved(K: int, N: int, G: int, dtype: str) -> int:
@@ -732,7 +733,7 @@ class Run:
         return results
 
     def host(self) -> dict:
-        from . import cache_stats, dequantize, smart_dequantize
+        from . import _C, cache_stats, dequantize, smart_dequantize
 
         torch = self.torch
         args = self.args
@@ -743,7 +744,12 @@ class Run:
         case = self.backend.case(Shape("host", K, N, G), dtype, make_inputs(K, N, G, dtype, args.seed))
         qw, qz, sc, out = case.qweight, case.qzeros, case.scales, case.out
         dt = getattr(torch, dtype)
+        dev_index = qw.device.index
+        stream = torch.cuda.current_stream(qw.device).cuda_stream
         cases = {
+            # The floor: an empty kernel launched the way dequantize launches, with no
+            # arguments to read. Each case's distance from it is its own host work.
+            FLOOR_CASE: (lambda: _C._empty_launch(dev_index, stream), HOST_CALLS_OURS),
             "dequantize(out=out)": (lambda: dequantize(qw, qz, sc, group_size=G, out=out),
                                     HOST_CALLS_OURS),
             "dequantize() allocating": (lambda: dequantize(qw, qz, sc, group_size=G),

@@ -127,6 +127,11 @@ int awq_cuda_device_count(int *detail);
  * current device for the call and restores it.  Never synchronizes. */
 awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *detail);
 
+/* Launch an empty one-block kernel on `stream` of `device`, the way
+ * awq_cuda_dequantize launches (device scope, launch, error check): the
+ * floor under any launch, for the benchmark's host-overhead reference. */
+awq_status awq_cuda_empty_launch(int device, void *stream, int *detail);
+
 /* Text of a cudaError_t (static storage). */
 const char *awq_cuda_error_string(int detail);
 

@@ -26,6 +26,14 @@ awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *d
     return AWQ_ERR_NO_CUDA;
 }
 
+awq_status awq_cuda_empty_launch(int device, void *stream, int *detail)
+{
+    (void)device;
+    (void)stream;
+    *detail = 0;
+    return AWQ_ERR_NO_CUDA;
+}
+
 const char *awq_cuda_error_string(int detail)
 {
     (void)detail;

@@ -1054,6 +1054,9 @@ struct EventPair {
     }
 };
 
+/* Does nothing: awq_cuda_empty_launch times the launch alone. */
+__global__ void awq_empty_kernel() {}
+
 } // namespace
 
 /* ======================================================================
@@ -1089,6 +1092,20 @@ awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *d
     DeviceScope scope;
     cudaError_t e = scope.enter(p->device);
     if (e == cudaSuccess) e = clear_error(launch_config(p, &rc, static_cast<cudaStream_t>(p->stream)));
+    set_detail(detail, (int)e);
+    return status_of(e);
+}
+
+awq_status awq_cuda_empty_launch(int device, void *stream, int *detail)
+{
+    set_detail(detail, 0);
+    if (device < 0) return AWQ_ERR_DEVICE;
+    DeviceScope scope;
+    cudaError_t e = scope.enter(device);
+    if (e == cudaSuccess) {
+        awq_empty_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>();
+        e = clear_error(cudaGetLastError());
+    }
     set_detail(detail, (int)e);
     return status_of(e);
 }

@@ -71,6 +71,34 @@ done:
 /* The package registers its framework glue: the callable that allocates
  * outputs for frameworks without the DLPack C exchange API, and the one that
  * names the current stream of those frameworks (CuPy). */
+/* _empty_launch(device, stream): the benchmark's floor under a launch. */
+static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_empty_launch(device, stream) takes 2 arguments");
+        return NULL;
+    }
+    long device = PyLong_AsLong(args[0]);
+    if (device == -1 && PyErr_Occurred())
+        return NULL;
+    void *stream = PyLong_AsVoidPtr(args[1]);
+    if (stream == NULL && PyErr_Occurred())
+        return NULL;
+    if (device < 0 || device > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "device must be a CUDA device index, got %ld", device);
+        return NULL;
+    }
+    int detail = 0;
+    awq_problem p;
+    memset(&p, 0, sizeof p);
+    p.device = (int)device;
+    awq_status s = awq_cuda_empty_launch((int)device, stream, &detail);
+    if (awq_raise_status(s, detail, &p) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     awq_state *st = awq_get_state(module);
@@ -115,6 +143,9 @@ static PyMethodDef awq_methods[] = {
     {"_launch_config", (PyCFunction)(void (*)(void))awq_py_launch_config, METH_FASTCALL,
      "_launch_config(qweight, qzeros, scales, out, kernel, block_size, rows): development "
      "entry that also sets v4's rows per thread (sweeps)."},
+    {"_empty_launch", (PyCFunction)(void (*)(void))py_empty_launch, METH_FASTCALL,
+     "_empty_launch(device, stream): development entry that launches an empty kernel the "
+     "way dequantize launches (the benchmark's host-overhead floor)."},
     {"cuda_available", py_cuda_available, METH_NOARGS,
      "True when the CUDA backend is compiled in and a CUDA device is usable."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},

@@ -205,6 +205,21 @@ def test_cuda_errors_are_runtime_errors_not_crashes(rng):
         awq.dequantize(qw, qz, sc, kernel="v1", block_size=128)
 
 
+def test_empty_launch_floor(rng):
+    """The benchmark's host-time floor launches on the given device and stream
+    and leaves no error behind; a device that does not exist is an error."""
+    from awq_fast_dequant import _C
+    dev = torch.cuda.current_device()
+    side = torch.cuda.Stream()
+    assert _C._empty_launch(dev, side.cuda_stream) is None
+    assert _C._empty_launch(dev, 0) is None
+    with pytest.raises(RuntimeError, match=f"CUDA device {torch.cuda.device_count()} is not "):
+        _C._empty_launch(torch.cuda.device_count(), 0)
+    assert torch.cuda.current_device() == dev
+    qw, qz, sc = to_cuda(rng, 128, 136, 32, "float16")
+    check(awq.dequantize(qw, qz, sc), qw, qz, sc)
+
+
 @pytest.mark.skipif(awq.cuda_available() and torch.cuda.device_count() < 2,
                     reason="needs two GPUs")
 def test_second_device(rng):
