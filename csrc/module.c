@@ -68,9 +68,6 @@ done:
     return res;
 }
 
-/* The package registers its framework glue: the callable that allocates
- * outputs for frameworks without the DLPack C exchange API, and the one that
- * names the current stream of those frameworks (CuPy). */
 /* _empty_launch(device, stream): the benchmark's floor under a launch. */
 static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -82,13 +79,18 @@ static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssi
     long device = PyLong_AsLong(args[0]);
     if (device == -1 && PyErr_Occurred())
         return NULL;
-    void *stream = PyLong_AsVoidPtr(args[1]);
-    if (stream == NULL && PyErr_Occurred())
+    long long handle = PyLong_AsLongLong(args[1]);
+    if (handle == -1 && PyErr_Occurred())
         return NULL;
     if (device < 0 || device > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "device must be a CUDA device index, got %ld", device);
         return NULL;
     }
+    if (handle < 0) {
+        PyErr_Format(PyExc_ValueError, "stream must be a non-negative handle, got %lld", handle);
+        return NULL;
+    }
+    void *stream = (void *)(intptr_t)handle;
     int detail = 0;
     awq_problem p;
     memset(&p, 0, sizeof p);
@@ -99,6 +101,9 @@ static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* The package registers its framework glue: the callable that allocates
+ * outputs for frameworks without the DLPack C exchange API, and the one that
+ * names the current stream of those frameworks (CuPy). */
 static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     awq_state *st = awq_get_state(module);

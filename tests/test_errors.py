@@ -232,3 +232,5 @@ def test_empty_launch_without_gpu_is_an_error():
         _C._empty_launch(0, 0)
     with pytest.raises(ValueError, match="device must be a CUDA device index"):
         _C._empty_launch(-1, 0)
+    with pytest.raises(ValueError, match="stream must be a non-negative handle"):
+        _C._empty_launch(0, -1)
