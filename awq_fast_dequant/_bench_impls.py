@@ -16,21 +16,13 @@ from typing import Any, Callable
 import numpy as np
 
 from . import reference
-from .reference import REVERSE
+from ._bench_report import _version
+# Column 8c + j of a packed word sits at bit 4 * REVERSE[j] (DESIGN.md section 1);
+# bit-exact means equal bits, or NaN on both sides.
+from .reference import _COLUMN_SHIFTS, _float_kind, _ml_bfloat16, _nan_mask
 
 DTYPES = ("float16", "bfloat16", "float32")
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-# Column 8c + j of a packed word sits at bit 4 * REVERSE[j] (DESIGN.md section 1).
-COLUMN_SHIFTS = tuple(4 * nibble for nibble in REVERSE)
-
-# (exponent mask, mantissa mask) of each type: a NaN has an all-ones exponent
-# and a nonzero mantissa. Bit-exact means equal bits, or NaN on both sides.
-_NAN_MASKS = {
-    "float16": (0x7C00, 0x03FF),
-    "bfloat16": (0x7F80, 0x007F),
-    "float32": (0x7F800000, 0x007FFFFF),
-}
 
 # Written into `out` before each trial: |q - z| <= 15 and the benchmark's
 # scales are below 2^-4, so no correct output is near this value, and an
@@ -39,15 +31,6 @@ POISON = -12345.0
 
 CUDA_KERNELS = ("v1", "v2", "v3", "v4")
 PEERS = ("vllm", "sglang")
-
-
-def ml_bfloat16():
-    """ml_dtypes.bfloat16, or None when ml_dtypes is not installed."""
-    try:
-        import ml_dtypes
-    except ImportError:
-        return None
-    return ml_dtypes.bfloat16
 
 
 # --------------------------------------------------------------------------
@@ -76,19 +59,9 @@ def make_inputs(K: int, N: int, G: int, dtype: str, seed: int):
         # bfloat16 is the top half of a float32; truncation is as good as any
         # rounding for random data.
         bits = (wide.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-        bf16 = ml_bfloat16()
+        bf16 = _ml_bfloat16()
         scales = bits if bf16 is None else bits.view(bf16)
     return qweight, qzeros, scales
-
-
-def numpy_out_dtype(dtype: str):
-    """The NumPy dtype of a `dtype` result (bfloat16 needs ml_dtypes)."""
-    if dtype != "bfloat16":
-        return np.dtype(dtype)
-    bf16 = ml_bfloat16()
-    if bf16 is None:
-        raise RuntimeError("bfloat16 on the CPU needs the ml_dtypes package (pip install ml_dtypes)")
-    return np.dtype(bf16)
 
 
 def torch_from_numpy(torch, arr: np.ndarray, dtype: str | None = None):
@@ -135,6 +108,18 @@ class Case:
         return self.extra["torch"]
 
 
+def cuda_case(torch, device, K: int, N: int, G: int, dtype: str, inputs) -> Case:
+    """A Case on a CUDA device from make_inputs' NumPy arrays, `out` allocated."""
+    qw, qz, sc = inputs
+    return Case(
+        K=K, N=N, group_size=G, dtype=dtype, device=str(device),
+        qweight=torch_from_numpy(torch, qw).to(device),
+        qzeros=torch_from_numpy(torch, qz).to(device),
+        scales=torch_from_numpy(torch, sc, dtype).to(device),
+        out=torch.empty((K, N), dtype=getattr(torch, dtype), device=device),
+    )
+
+
 @dataclass
 class Impl:
     """One timed implementation: `fn()` returns the [K, N] result of the case."""
@@ -167,7 +152,7 @@ def torch_dequantize(qweight, qzeros, scales, group_size: int, out_dtype):
 
     shifts = _TORCH_SHIFTS.get(qweight.device)
     if shifts is None:
-        shifts = torch.tensor(COLUMN_SHIFTS, dtype=torch.int32, device=qweight.device)
+        shifts = torch.tensor(_COLUMN_SHIFTS.tolist(), dtype=torch.int32, device=qweight.device)
         _TORCH_SHIFTS[qweight.device] = shifts
     K, N = qweight.shape[0], 8 * qweight.shape[1]
     q = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(K, N)
@@ -179,7 +164,7 @@ def torch_dequantize(qweight, qzeros, scales, group_size: int, out_dtype):
 
 def numpy_dequantize(qweight, qzeros, scales, group_size: int, out_dtype):
     """AWQ dequantization in vectorised NumPy (bfloat16 through ml_dtypes)."""
-    shifts = np.array(COLUMN_SHIFTS, dtype=np.uint32)
+    shifts = _COLUMN_SHIFTS
     words = np.ascontiguousarray(qweight).view(np.uint32)
     zero_words = np.ascontiguousarray(qzeros).view(np.uint32)
     K, N = words.shape[0], 8 * words.shape[1]
@@ -196,19 +181,21 @@ def numpy_dequantize(qweight, qzeros, scales, group_size: int, out_dtype):
 # --------------------------------------------------------------------------
 
 
-def _import_failure(exc: BaseException, top: str) -> str:
-    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top:
-        return "skipped (not installed)"
-    return f"skipped (import failed: {type(exc).__name__}: {exc})"
-
-
-def _module_version(name: str):
+def _peer_op(module: str):
+    """(module.awq_dequantize, None), or (None, status) when it cannot be had."""
+    top = module.split(".")[0]
     try:
-        from importlib import metadata
-
-        return metadata.version(name)
-    except Exception:
-        return None
+        mod = importlib.import_module(module)
+    except BaseException as exc:  # a peer's import can fail in many ways
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top:
+            return None, {"status": "skipped (not installed)"}
+        return None, {"status": f"skipped (import failed: {type(exc).__name__}: {exc})"}
+    op = getattr(mod, "awq_dequantize", None)
+    if op is None:
+        return None, {"status": f"skipped ({module} has no awq_dequantize)"}
+    return op, None
 
 
 def load_peer(name: str):
@@ -218,15 +205,9 @@ def load_peer(name: str):
     a new [K, N] tensor in the scales' dtype.
     """
     if name == "vllm":
-        try:
-            ops = importlib.import_module("vllm._custom_ops")
-        except BaseException as exc:  # vLLM's import can fail in many ways
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            return None, {"status": _import_failure(exc, "vllm")}
-        raw = getattr(ops, "awq_dequantize", None)
-        if raw is None:
-            return None, {"status": "skipped (vllm._custom_ops has no awq_dequantize)"}
+        raw, failed = _peer_op("vllm._custom_ops")
+        if failed:
+            return None, failed
         form = {}
 
         def vllm_op(qweight, scales, qzeros):
@@ -240,19 +221,13 @@ def load_peer(name: str):
                 form["short"] = True
                 return raw(qweight, scales, qzeros)
 
-        return vllm_op, {"status": "available", "version": _module_version("vllm"),
+        return vllm_op, {"status": "available", "version": _version("vllm"),
                          "op": "vllm._custom_ops.awq_dequantize"}
     if name == "sglang":
-        try:
-            mod = importlib.import_module("sgl_kernel")
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            return None, {"status": _import_failure(exc, "sgl_kernel")}
-        op = getattr(mod, "awq_dequantize", None)
-        if op is None:
-            return None, {"status": "skipped (sgl_kernel has no awq_dequantize)"}
-        return op, {"status": "available", "version": _module_version("sgl-kernel"),
+        op, failed = _peer_op("sgl_kernel")
+        if failed:
+            return None, failed
+        return op, {"status": "available", "version": _version("sgl-kernel"),
                     "op": "sgl_kernel.awq_dequantize"}
     raise ValueError(f"unknown peer {name!r}")
 
@@ -324,16 +299,7 @@ def _dtype_kind(x) -> str | None:
     if torch is not None and isinstance(x, torch.Tensor):
         name = str(x.dtype).removeprefix("torch.")
         return name if name in DTYPES else None
-    dt = getattr(x, "dtype", None)
-    if dt is None:
-        return None
-    if dt == np.float16:
-        return "float16"
-    if dt == np.float32:
-        return "float32"
-    if dt == np.uint16 or getattr(dt, "name", "") == "bfloat16":
-        return "bfloat16"
-    return None
+    return _float_kind(x) if isinstance(getattr(x, "dtype", None), np.dtype) else None
 
 
 class NumpyCheck:
@@ -343,10 +309,6 @@ class NumpyCheck:
         self.dtype = dtype
         self.bits = reference.to_bits(ref)
         self._nan = None
-
-    def _nan_of(self, bits):
-        exponent, mantissa = _NAN_MASKS[self.dtype]
-        return ((bits & exponent) == exponent) & ((bits & mantissa) != 0)
 
     def __call__(self, actual) -> tuple[int, str | None]:
         size = self.bits.size
@@ -359,8 +321,8 @@ class NumpyCheck:
         if np.array_equal(bits, self.bits):
             return 0, None
         if self._nan is None:
-            self._nan = self._nan_of(self.bits)
-        differ = (bits != self.bits) & ~(self._nan_of(bits) & self._nan)
+            self._nan = _nan_mask(self.bits, self.dtype)
+        differ = (bits != self.bits) & ~(_nan_mask(bits, self.dtype) & self._nan)
         return int(np.count_nonzero(differ)), None
 
 
@@ -379,10 +341,6 @@ class TorchCheck:
         self.bits = torch.from_numpy(np.ascontiguousarray(ref).view(view)).to(device)
         self._nan = None
 
-    def _nan_of(self, bits):
-        exponent, mantissa = _NAN_MASKS[self.dtype]
-        return ((bits & exponent) == exponent) & ((bits & mantissa) != 0)
-
     def __call__(self, actual) -> tuple[int, str | None]:
         torch = self.torch
         size = self.bits.numel()
@@ -398,6 +356,6 @@ class TorchCheck:
         if torch.equal(bits, self.bits):
             return 0, None
         if self._nan is None:
-            self._nan = self._nan_of(self.bits)
-        differ = (bits != self.bits) & ~(self._nan_of(bits) & self._nan)
+            self._nan = _nan_mask(self.bits, self.dtype)
+        differ = (bits != self.bits) & ~(_nan_mask(bits, self.dtype) & self._nan)
         return int(differ.sum().item()), None

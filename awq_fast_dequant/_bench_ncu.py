@@ -32,18 +32,14 @@ def driver(shape, dtype: str, kernels: list[str], device: str) -> int:
     import torch
 
     from . import dequantize
-    from ._bench_impls import make_inputs, torch_from_numpy
+    from ._bench_impls import cuda_case, make_inputs
 
     K, N, G = shape.K, shape.N, shape.G
     dev = torch.device(device)
-    qw, qz, sc = make_inputs(K, N, G, dtype, seed=0)
-    qweight = torch_from_numpy(torch, qw).to(dev)
-    qzeros = torch_from_numpy(torch, qz).to(dev)
-    scales = torch_from_numpy(torch, sc, dtype).to(dev)
-    out = torch.empty((K, N), dtype=getattr(torch, dtype), device=dev)
+    case = cuda_case(torch, dev, K, N, G, dtype, make_inputs(K, N, G, dtype, seed=0))
     torch.cuda.synchronize(dev)
     for k in kernels:
-        dequantize(qweight, qzeros, scales, group_size=G, out=out, kernel=k)
+        dequantize(case.qweight, case.qzeros, case.scales, group_size=G, out=case.out, kernel=k)
         torch.cuda.synchronize(dev)
         print(f"ncu driver: launched {k} on {K}x{N} G={G} {dtype}", flush=True)
     return 0

@@ -10,9 +10,8 @@ import numpy as np
 _KDLCPU = 1
 
 
-def _module_of(obj_or_type) -> str:
-    tp = obj_or_type if isinstance(obj_or_type, type) else type(obj_or_type)
-    return (tp.__module__ or "").split(".", 1)[0]
+def _module_of(obj) -> str:
+    return (type(obj).__module__ or "").split(".", 1)[0]
 
 
 def numpy_dtype(name: str):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _bench_report as report
+from ._frameworks import numpy_dtype
 from ._bench_impls import (
     CUDA_KERNELS,
     DTYPE_BYTES,
@@ -45,17 +46,17 @@ from ._bench_impls import (
     Impl,
     NumpyCheck,
     TorchCheck,
+    cuda_case,
     load_peer,
     make_inputs,
     numpy_dequantize,
-    numpy_out_dtype,
     register_impl,
     registered_impls,
     torch_dequantize,
-    torch_from_numpy,
     unregister_impl,
 )
 from ._bench_timing import (
+    UNSTABLE_GAP,
     CpuTimer,
     CudaTimer,
     cpu_copy_bandwidth,
@@ -100,7 +101,9 @@ HOST_CALLS_OURS = 200
 HOST_CALLS_TORCH = 40
 # torch.cuda._sleep cycles: ~100 ms at 2 GHz, far longer than the timed calls.
 HOST_SLEEP_CYCLES = 200_000_000
-FLOOR_CASE = report.HOST_FLOOR_CASE
+# The host-overhead cases, in this order (Run.host builds them).
+HOST_CASES = (report.HOST_FLOOR_CASE, "dequantize(out=out)", "dequantize() allocating",
+              "smart_dequantize(out=out) cache hit", "torch baseline (allocating)")
 
 
 def bytes_moved(K: int, N: int, G: int, dtype: str) -> int:
@@ -352,15 +355,7 @@ class CudaBackend:
         self.timer = CudaTimer(torch, self.device, flush)
 
     def case(self, shape: Shape, dtype: str, inputs) -> Case:
-        torch = self.torch
-        qw, qz, sc = inputs
-        return Case(
-            K=shape.K, N=shape.N, group_size=shape.G, dtype=dtype, device=str(self.device),
-            qweight=torch_from_numpy(torch, qw).to(self.device),
-            qzeros=torch_from_numpy(torch, qz).to(self.device),
-            scales=torch_from_numpy(torch, sc, dtype).to(self.device),
-            out=torch.empty((shape.K, shape.N), dtype=getattr(torch, dtype), device=self.device),
-        )
+        return cuda_case(self.torch, self.device, shape.K, shape.N, shape.G, dtype, inputs)
 
     def check(self, ref, dtype: str):
         return TorchCheck(self.torch, ref, dtype, self.device)
@@ -382,7 +377,7 @@ class CpuBackend:
 
     def case(self, shape: Shape, dtype: str, inputs) -> Case:
         qw, qz, sc = inputs
-        out = np.empty((shape.K, shape.N), dtype=numpy_out_dtype(dtype))
+        out = np.empty((shape.K, shape.N), dtype=numpy_dtype(dtype))
         return Case(K=shape.K, N=shape.N, group_size=shape.G, dtype=dtype, device="cpu",
                     qweight=qw, qzeros=qz, scales=sc, out=out)
 
@@ -443,7 +438,7 @@ class Run:
                 "prefill_tokens": list(cfg.prefill_tokens),
                 "main": not cfg.args.no_main,
                 "host": not cfg.args.no_host,
-                "unstable_threshold": 0.15,
+                "unstable_threshold": UNSTABLE_GAP,
             },
             "environment": None,
             "peers": {},
@@ -484,7 +479,7 @@ class Run:
                 impls[name] = Impl(name, lambda a=t_in, d=t_dt: torch_dequantize(*a, G, d), True,
                                    None, "plain PyTorch formula (allocates)")
             elif name == "numpy":
-                n_dt = numpy_out_dtype(case.dtype)
+                n_dt = numpy_dtype(case.dtype)
                 impls[name] = Impl(name, lambda d=n_dt: numpy_dequantize(qw, qz, sc, G, d), True,
                                    None, "vectorised NumPy formula (allocates)")
             elif name in PEERS:
@@ -495,6 +490,15 @@ class Run:
                 fn, ours = self.registered[name]
                 impls[name] = Impl(name, lambda fn=fn: fn(case), ours, poison, "registered")
         return impls
+
+    def _time(self, impls, check):
+        """Warm every implementation up, then time the trials of those that
+        ran: (warm-up records, trial records, run orders)."""
+        warm = warm_up(impls, check, self.backend.timer)
+        raw, orders = run_trials(impls, trials=self.args.trials, runs=self.args.runs,
+                                 timer=self.backend.timer, rng=self.rng, check=check,
+                                 progress=self.bar, skip={n for n, w in warm.items() if w["error"]})
+        return warm, raw, orders
 
     def _record(self, impls, warm, raw, bytes_, copy_gbps, registered) -> dict:
         recs = {}
@@ -508,10 +512,8 @@ class Run:
             mism = list(r["mismatches"])
             notes = list(r["notes"]) + ([w["note"]] if w.get("note") else [])
             bitexact = None
-            if error is None and mism:
-                bitexact = all(m == 0 for m in mism) and not w.get("mismatches")
-            elif error is None and w and not mism:
-                bitexact = not w.get("mismatches")
+            if error is None and (mism or w):
+                bitexact = not any(mism) and not w.get("mismatches")
             recs[name] = {
                 "role": _role(name, registered),
                 "ours": impl.ours,
@@ -529,17 +531,19 @@ class Run:
         return recs
 
     def _smart_pick(self, shape: Shape) -> dict | None:
-        from . import cache_entries
+        from . import build_info, cache_entries
 
         try:
             entries = cache_entries()
+            gen = build_info()["kernel_generations"][self.kind]  # the entries this build uses
         except Exception:
             return None
         dtype = self.args.dtype
         match = [e for e in entries
                  if e.get("K") == shape.K and e.get("N") == shape.N and e.get("G") == shape.G
                  and e.get("scales_dtype") == dtype and e.get("out_dtype") == dtype
-                 and str(e.get("device", "")).startswith("cpu") == (self.kind == "cpu")]
+                 and str(e.get("device", "")).startswith("cpu") == (self.kind == "cpu")
+                 and e.get("gen") == gen]
         return dict(match[-1]) if match else None
 
     # -- stages ------------------------------------------------------------
@@ -578,7 +582,7 @@ class Run:
         if self.kind == "cuda":
             steps += 2  # copy bandwidth, start and end
             if not a.no_host:
-                steps += 4
+                steps += len(HOST_CASES)
         return steps
 
     def copy_bandwidth(self, when: str):
@@ -619,11 +623,7 @@ class Run:
         if not args.no_main:
             self.bar.set_description_str(f"{shape.model} {shape.label}")
             impls = self._build_impls(case, self._impl_names())
-            warm = warm_up(impls, check, self.backend.timer)
-            raw, orders = run_trials(impls, trials=args.trials, runs=args.runs,
-                                     timer=self.backend.timer, rng=self.rng, check=check,
-                                     progress=self.bar,
-                                     skip={n for n, w in warm.items() if w["error"]})
+            warm, raw, orders = self._time(impls, check)
             entry["orders"] = orders
             entry["implementations"] = self._record(impls, warm, raw, entry["bytes"], copy_gbps,
                                                     self.registered)
@@ -661,10 +661,7 @@ class Run:
         impls["smart"] = Impl("smart", lambda: smart_dequantize(qw, qz, sc, group_size=G, out=out),
                               True, poison, "smart_dequantize(out=)")
         self.bar.set_description_str(f"{shape.model} {shape.label}: sweep")
-        warm = warm_up(impls, check, self.backend.timer)
-        raw, orders = run_trials(impls, trials=self.args.trials, runs=self.args.runs,
-                                 timer=self.backend.timer, rng=self.rng, check=check,
-                                 progress=self.bar, skip={n for n, w in warm.items() if w["error"]})
+        warm, raw, orders = self._time(impls, check)
         cands = self._record(impls, warm, raw, bytes_, copy_gbps, {})
         timed = sorted(((r["stats"]["median_us"], n) for n, r in cands.items()
                         if n != "smart" and r["stats"].get("median_us") and r["bitexact"]))
@@ -713,10 +710,7 @@ class Run:
 
             impls = {n: Impl(n, f, True, None, n) for n, f in
                      (("dequant", deq), ("dequant+matmul", deq_mm), ("matmul", mm))}
-            warm = warm_up(impls, None, self.backend.timer)
-            raw, orders = run_trials(impls, trials=self.args.trials, runs=self.args.runs,
-                                     timer=self.backend.timer, rng=self.rng, progress=self.bar,
-                                     skip={n for n, w in warm.items() if w["error"]})
+            warm, raw, orders = self._time(impls, None)
             stats = {n: summarize(raw[n]["samples_us"]) for n in impls}
             errors = {n: warm[n]["error"] or raw[n]["error"] for n in impls
                       if warm[n]["error"] or raw[n]["error"]}
@@ -746,23 +740,19 @@ class Run:
         dt = getattr(torch, dtype)
         dev_index = qw.device.index
         stream = torch.cuda.current_stream(qw.device).cuda_stream
-        cases = {
-            # The floor: an empty kernel launched the way dequantize launches, with no
-            # arguments to read. Each case's distance from it is its own host work.
-            FLOOR_CASE: (lambda: _C._empty_launch(dev_index, stream), HOST_CALLS_OURS),
-            "dequantize(out=out)": (lambda: dequantize(qw, qz, sc, group_size=G, out=out),
-                                    HOST_CALLS_OURS),
-            "dequantize() allocating": (lambda: dequantize(qw, qz, sc, group_size=G),
-                                        HOST_CALLS_OURS),
-            "smart_dequantize(out=out) cache hit": (
-                lambda: smart_dequantize(qw, qz, sc, group_size=G, out=out), HOST_CALLS_OURS),
-            "torch baseline (allocating)": (lambda: torch_dequantize(qw, qz, sc, G, dt),
-                                            HOST_CALLS_TORCH),
-        }
-        before = _safe_stats(cache_stats)
+        # The floor first: an empty kernel launched the way dequantize launches, with
+        # no arguments to read. Each case's distance from it is its own host work.
+        cases = dict(zip(HOST_CASES, (
+            (lambda: _C._empty_launch(dev_index, stream), HOST_CALLS_OURS),
+            (lambda: dequantize(qw, qz, sc, group_size=G, out=out), HOST_CALLS_OURS),
+            (lambda: dequantize(qw, qz, sc, group_size=G), HOST_CALLS_OURS),
+            (lambda: smart_dequantize(qw, qz, sc, group_size=G, out=out), HOST_CALLS_OURS),
+            (lambda: torch_dequantize(qw, qz, sc, G, dt), HOST_CALLS_TORCH),
+        )))
+        before = report._safe(cache_stats)
         measured = host_overhead(torch, self.backend.device, cases, repeats=args.host_repeats,
                                  sleep_cycles=HOST_SLEEP_CYCLES, progress=self.bar)
-        after = _safe_stats(cache_stats)
+        after = report._safe(cache_stats)
         del case
         self.backend.release()
         return {"label": f"{K}x{N}", "K": K, "N": N, "G": G, "dtype": dtype,
@@ -852,13 +842,6 @@ class Run:
         finally:
             self.bar.close()
         return self.finish()
-
-
-def _safe_stats(fn):
-    try:
-        return fn()
-    except Exception:
-        return None
 
 
 def _json_default(obj):

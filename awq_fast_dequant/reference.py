@@ -62,6 +62,12 @@ _NAN_MASKS = {
 }
 
 
+def _nan_mask(bits, kind: str):
+    """Where a bit array (NumPy or torch) of type `kind` holds a NaN."""
+    exponent, mantissa = _NAN_MASKS[kind]
+    return ((bits & exponent) == exponent) & ((bits & mantissa) != 0)
+
+
 def _ml_bfloat16():
     """ml_dtypes.bfloat16, or None when ml_dtypes is not installed."""
     try:
@@ -303,11 +309,8 @@ def assert_bitexact(actual, expected) -> None:
     if a.shape != e.shape:
         raise AssertionError(f"shape differs: actual {a.shape}, expected {e.shape}")
 
-    exponent, mantissa = _NAN_MASKS[a_kind]
-
     def canonical(bits):
-        is_nan = ((bits & exponent) == exponent) & ((bits & mantissa) != 0)
-        return np.where(is_nan, bits.dtype.type(_CANONICAL_NAN[a_kind]), bits)
+        return np.where(_nan_mask(bits, a_kind), bits.dtype.type(_CANONICAL_NAN[a_kind]), bits)
 
     a, e = canonical(a), canonical(e)
     differs = a != e

@@ -1208,6 +1208,7 @@ awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, a
     if (!p || !candidates || n <= 0 || !time_fn || !best)
         return AWQ_ERR_CONFIG;
     awq_tune_value b = {{0}, 0.0f};
+    float b_rank = 0.0f; /* b.us, or the default's handicapped time */
     int found = 0;
     for (int i = 0; i < n; i++) {
         float us = 0.0f;
@@ -1222,9 +1223,11 @@ awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, a
         }
         if (!isfinite(us) || us < 0.0f)
             continue;
-        if (!found || us < b.us) {
+        const float rank = i == 0 ? us * AWQ_TUNE_DEFAULT_MARGIN : us;
+        if (!found || rank < b_rank) {
             b.config = candidates[i];
             b.us = us;
+            b_rank = rank;
             found = 1;
         }
     }

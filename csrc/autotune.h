@@ -148,12 +148,18 @@ int awq_cache_remove(const char *path, char *warn, size_t warn_len);
 typedef awq_status (*awq_time_fn)(const awq_problem *p, const awq_config *c, float *us,
                                   int *detail, void *ctx);
 
-/* Times every candidate, in order, and keeps the fastest (the first of equal
- * times, so put the default first).  Candidates answering AWQ_ERR_CONFIG or a
+/* Times every candidate, in order, and keeps the fastest.  candidates[0] is
+ * the backend's default: another candidate replaces it only when at least
+ * AWQ_TUNE_DEFAULT_MARGIN times its time (2% faster) -- smaller differences
+ * are within the spread of a few timed runs, and the default is the
+ * configuration the benchmarks measure most; among the others the first of
+ * equal times wins.  Candidates answering AWQ_ERR_CONFIG or a
  * non-finite time are skipped; any other error is returned at once with its
  * *detail.  AWQ_ERR_CONFIG when no candidate could run.  On AWQ_OK *best is
  * set and p->out holds the result of the last successful run (every
  * configuration writes the same bits). */
+#define AWQ_TUNE_DEFAULT_MARGIN 0.98f
+
 awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
                     void *ctx, awq_tune_value *best, int *detail);
 

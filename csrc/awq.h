@@ -165,8 +165,6 @@ awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cu
  * problem (the autotuner's search space); returns how many. */
 int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap);
 
-/* The configuration kernel "auto"/v4 uses when nothing is tuned. */
-void awq_cuda_default_config(const awq_problem *p, awq_config *c);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,11 @@ typedef struct {
     intptr_t stream;    /* DLPack stream value for __dlpack__ (1 = legacy default) */
 } awq_view_opts;
 
+/* A `stream` argument -- None, an int handle, or an object with .cuda_stream
+ * or .ptr -- into *opts, and its handle as given (0 for None); 0, or -1 with
+ * an exception set. */
+int awq_parse_stream(awq_state *st, PyObject *o, awq_view_opts *opts, intptr_t *handle);
+
 /* Look up (and cache) the DLPack C exchange API of an object's type. */
 const DLPackExchangeAPI *awq_exchange_api(awq_state *st, PyObject *obj);
 

@@ -47,10 +47,16 @@ static void warn_once(int kind, int status, const char *msg)
         PyErr_Clear();
 }
 
-static int autotune_disabled(void)
+/* AWQ_FAST_DEQUANT_AUTOTUNE=0 (or false, off), read once per load of the table. */
+static int autotune_disabled(awq_state *st)
 {
-    const char *v = getenv("AWQ_FAST_DEQUANT_AUTOTUNE");
-    return v != NULL && (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0);
+    if (st->autotune == 0) {
+        const char *v = getenv("AWQ_FAST_DEQUANT_AUTOTUNE");
+        int off = v != NULL &&
+                  (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0);
+        st->autotune = off ? 2 : 1;
+    }
+    return st->autotune == 2;
 }
 
 /* Load the file once (first use after import or reload). */
@@ -61,7 +67,6 @@ static void ensure_loaded(awq_state *st)
     char warn[1024] = "";
     int status = 0;
     st->table_loaded = 1;
-    st->autotune_off = autotune_disabled();
     if (resolve_path(st->cache_file, sizeof st->cache_file) < 0) {
         st->cache_file[0] = '\0';
         warn_once(WARN_LOAD, 1, "cache path too long; keeping the cache in memory only");
@@ -76,18 +81,17 @@ static void ensure_loaded(awq_state *st)
 /* ---- keys ---- */
 
 /* Device part of the key, built once per device: the hot path of a cache
- * hit only copies it.  Called with the GIL held, which guards the array. */
+ * hit only copies it.  Called with the GIL held, which guards the array.
+ * Devices past the array get theirs built in `scratch` on every call. */
 #define KEYED_DEVICES 64
 static char device_keys[KEYED_DEVICES + 1][AWQ_TUNE_DEVICE_LEN]; /* [0]: the CPU */
 
-static const char *device_key(const awq_problem *p, int *detail)
+static const char *device_key(const awq_problem *p, char *scratch, int *detail)
 {
     int slot = p->device + 1;
-    if (slot < 0 || slot > KEYED_DEVICES) {
-        awq_raise_status(AWQ_ERR_DEVICE, 0, p);
-        return NULL;
-    }
-    char *key = device_keys[slot];
+    char *key = slot >= 0 && slot <= KEYED_DEVICES ? device_keys[slot] : scratch;
+    if (key == scratch)
+        key[0] = '\0';
     if (key[0] != '\0')
         return key;
     if (p->device < 0) {
@@ -114,38 +118,16 @@ static const char *device_key(const awq_problem *p, int *detail)
 
 /* ---- tuning ---- */
 
-/* The tuner's view of one candidate's time.  Candidate 0 is always the
- * backend's default; its time is kept so that the default is left only for
- * a clear win (see DEFAULT_MARGIN). */
-typedef struct {
-    awq_cuda_flush *flush; /* cold-L2 scratch of this tuning (CUDA only) */
-    int calls;
-    float default_us;
-} tune_ctx;
-
-static awq_status time_candidate(const awq_problem *p, const awq_config *c, float *us,
-                                 int *detail, void *ctx)
+/* The tuner's clock on CUDA: one warm-up launch, then a handful of timed
+ * ones, each after the cold-L2 flush in ctx; the median counts. */
+static awq_status cuda_time_us(const awq_problem *p, const awq_config *c, float *us, int *detail,
+                               void *ctx)
 {
-    tune_ctx *t = (tune_ctx *)ctx;
-    awq_status s;
-    if (p->device >= 0) {
-        float ms = 0.0f;
-        /* one warm-up launch, then a handful of timed ones; the median counts */
-        s = awq_cuda_time(p, c, t->flush, 1, 5, &ms, detail);
-        *us = ms * 1000.0f;
-    } else {
-        s = awq_cpu_time(p, c, us, detail, NULL);
-    }
-    if (t->calls++ == 0)
-        t->default_us = s == AWQ_OK ? *us : -1.0f;
+    float ms = 0.0f;
+    awq_status s = awq_cuda_time(p, c, (const awq_cuda_flush *)ctx, 1, 5, &ms, detail);
+    *us = ms * 1000.0f;
     return s;
 }
-
-/* A candidate replaces the default only when it is at least this much
- * faster: smaller differences are within the run-to-run spread of a few
- * timed launches, and the default is the configuration the benchmarks
- * measure most. */
-#define DEFAULT_MARGIN 0.98f
 
 #define MAX_CANDIDATES 64
 
@@ -155,10 +137,11 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
     awq_tune_key key;
     awq_tune_value val;
 
-    ensure_loaded(st);
-    if (st->autotune_off)
+    if (autotune_disabled(st))
         return awq_run(p, cfg);
-    const char *dev = device_key(p, detail);
+    ensure_loaded(st);
+    char dev_scratch[AWQ_TUNE_DEVICE_LEN];
+    const char *dev = device_key(p, dev_scratch, detail);
     if (dev == NULL)
         return -1;
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
@@ -183,32 +166,24 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
             return awq_run(p, cfg);
     }
 
+    /* Each backend lists its default first: the tuner keeps it unless
+     * another candidate is clearly faster. */
     awq_config cands[MAX_CANDIDATES];
-    int n;
-    awq_status s;
-    if (p->device >= 0) {
-        cands[0] = *cfg; /* the default first: it wins ties */
-        n = 1 + awq_cuda_candidates(p, cands + 1, MAX_CANDIDATES - 1);
-    } else {
-        n = awq_cpu_candidates(p, cands, MAX_CANDIDATES);
-    }
-    tune_ctx ctx = {NULL, 0, -1.0f};
+    const int n = p->device >= 0 ? awq_cuda_candidates(p, cands, MAX_CANDIDATES)
+                                 : awq_cpu_candidates(p, cands, MAX_CANDIDATES);
+    awq_status s = AWQ_OK;
     Py_BEGIN_ALLOW_THREADS
-    awq_cuda_flush flush = {p->device, NULL, 0};
-    s = AWQ_OK;
     if (p->device >= 0) {
+        awq_cuda_flush flush;
         s = awq_cuda_flush_create(p->device, &flush, detail);
-        ctx.flush = &flush;
+        if (s == AWQ_OK) {
+            s = awq_tune(p, cands, n, cuda_time_us, &flush, &val, detail);
+            awq_cuda_flush_destroy(&flush);
+        }
+    } else {
+        s = awq_tune(p, cands, n, awq_cpu_time, NULL, &val, detail);
     }
-    if (s == AWQ_OK)
-        s = awq_tune(p, cands, n, time_candidate, &ctx, &val, detail);
-    if (p->device >= 0)
-        awq_cuda_flush_destroy(&flush);
     Py_END_ALLOW_THREADS
-    if (s == AWQ_OK && ctx.default_us > 0.0f && val.us > DEFAULT_MARGIN * ctx.default_us) {
-        val.config = cands[0];
-        val.us = ctx.default_us;
-    }
     if (s != AWQ_OK)
         return awq_raise_status(s, *detail, p);
     st->tunings++;
@@ -299,8 +274,6 @@ PyObject *awq_py_clear_cache(PyObject *module, PyObject *unused)
     if (resolve_path(st->cache_file, sizeof st->cache_file) < 0)
         st->cache_file[0] = '\0';
     awq_table_clear(st->table);
-    if (!st->table_loaded)
-        st->autotune_off = autotune_disabled();
     st->table_loaded = 1; /* nothing to read back: the file is gone */
     if (st->cache_file[0]) {
         Py_BEGIN_ALLOW_THREADS
@@ -317,6 +290,7 @@ PyObject *awq_py_cache_reload(PyObject *module, PyObject *unused)
     awq_state *st = awq_get_state(module);
     awq_table_clear(st->table);
     st->table_loaded = 0;
+    st->autotune = 0;
     st->hits = st->misses = st->tunings = 0;
     memset(warned, 0, sizeof warned);
     Py_RETURN_NONE;

@@ -90,9 +90,3 @@ int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap)
     (void)cap;
     return 0;
 }
-
-void awq_cuda_default_config(const awq_problem *p, awq_config *c)
-{
-    (void)p;
-    c->kernel = AWQ_KERNEL_V4;
-}

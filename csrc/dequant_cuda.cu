@@ -127,9 +127,8 @@ __device__ __forceinline__ uint32_t half2_bits(__half2 h)
 }
 
 /* Why: float -> bfloat16 with one round-to-nearest-even where sm < 80 lacks
- * the cvt instruction; NaN stays NaN (quiet bit forced) and never rounds to Inf.
- * (Host-callable so that a host test can check it bit for bit.) */
-[[maybe_unused]] __host__ __device__ __forceinline__ uint32_t bf16_rne_bits(float f)
+ * the cvt instruction; NaN stays NaN (quiet bit forced) and never rounds to Inf. */
+[[maybe_unused]] __device__ __forceinline__ uint32_t bf16_rne_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -242,7 +241,7 @@ Divisor make_divisor(int64_t d)
 }
 
 /* Why: n / d for n >= 0 in ~3 instructions on the common (32-bit) path. */
-__host__ __device__ __forceinline__ int64_t divide(int64_t n, const Divisor &v)
+__device__ __forceinline__ int64_t divide(int64_t n, const Divisor &v)
 {
     if (v.fast && (uint64_t)n <= UINT32_MAX) {
         const uint64_t hi = ((uint64_t)(uint32_t)n * v.m) >> 32; /* umulhi */
@@ -394,7 +393,7 @@ template <class O> struct OutBits {
     uint32_t w[kWords];
 };
 
-/* Why: write 8 outputs with the widest legal access, streaming (written once, never reread). */
+/* Why: write 8 outputs with the widest legal access, in the access mode ACC (see Access). */
 template <class O, int ACC> __device__ __forceinline__ void store_outputs(void *dst, const OutBits<O> &o)
 {
     if constexpr (ACC != kAccScalar) {
@@ -787,7 +786,6 @@ int64_t v4_tiles_per_group(int64_t G, int64_t R) { return (G + R - 1) / R; }
 
 int64_t v4_tiles(const awq_problem *p, int64_t R) { return (p->K / p->G) * v4_tiles_per_group(p->G, R); }
 
-/* Blocks of a v4 launch: word-column blocks per tile times tiles. */
 /* Column blocks of a tile and units (one block each) of a v4 launch. */
 int64_t v4_cblocks(const awq_problem *p, int block) { return (p->N / kColsPerWord + block - 1) / block; }
 
@@ -1007,6 +1005,36 @@ awq_status check_config(const awq_config *in, awq_config *c)
     return AWQ_OK;
 }
 
+/* The configuration kernel "auto"/v4 uses when nothing is tuned. */
+void default_config(const awq_problem *p, awq_config *c)
+{
+    if (!c) return;
+    memset(c, 0, sizeof *c);
+    c->kernel = AWQ_KERNEL_V4;
+    c->block_size = 64;
+    c->rows = 2;
+    if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
+
+    /* Measured on an H200 (docs/KERNELS.md), lean kernel, blocks {64..512} x
+     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; 64-thread blocks
+     * are within about 0.15 us or 0.4% of the best block size everywhere.
+     * - Large layers (> 32M elements) are bound by DRAM: 2 rows a thread.
+     *   More rows in flight per SM cost DRAM efficiency; fewer re-read each
+     *   group's zeros and scales from L2 for every row.
+     * - Smaller layers are bound by latency: 4 rows a thread (4 loads in
+     *   flight) while the launch fits in one wave of resident threads, else
+     *   8 rows, which halves the threads.  The switch is where 4 rows stop
+     *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
+     *   (8 rows 9% faster).  Fewer than 4 rows never helped. */
+    const int block = 64;
+    int rows = 2;
+    if (p->K * p->N <= (32ll << 20))
+        rows = v4_units(p, 4, block) * block <= device_resident_threads(p->device) ? 4 : kV4MaxBatch;
+    while (p->G % rows != 0) rows >>= 1; /* full tiles only: the lean kernel */
+    c->rows = rows;
+    c->block_size = block;
+}
+
 constexpr int kV3DefaultBlock = 256;
 
 void fill_defaults(const awq_problem *p, awq_config *c)
@@ -1014,7 +1042,7 @@ void fill_defaults(const awq_problem *p, awq_config *c)
     if (c->kernel == AWQ_KERNEL_V3 && c->block_size == 0) c->block_size = kV3DefaultBlock;
     if (c->kernel == AWQ_KERNEL_V4 && (c->block_size == 0 || c->rows == 0)) {
         awq_config d;
-        awq_cuda_default_config(p, &d);
+        default_config(p, &d);
         if (c->block_size == 0) c->block_size = d.block_size;
         if (c->rows == 0) c->rows = d.rows;
     }
@@ -1214,35 +1242,6 @@ awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cu
     return AWQ_OK;
 }
 
-void awq_cuda_default_config(const awq_problem *p, awq_config *c)
-{
-    if (!c) return;
-    memset(c, 0, sizeof *c);
-    c->kernel = AWQ_KERNEL_V4;
-    c->block_size = 64;
-    c->rows = 2;
-    if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
-
-    /* Measured on an H200 (docs/KERNELS.md), lean kernel, blocks {64..512} x
-     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; 64-thread blocks
-     * are within about 0.15 us or 0.4% of the best block size everywhere.
-     * - Large layers (> 32M elements) are bound by DRAM: 2 rows a thread.
-     *   More rows in flight per SM cost DRAM efficiency; fewer re-read each
-     *   group's zeros and scales from L2 for every row.
-     * - Smaller layers are bound by latency: 4 rows a thread (4 loads in
-     *   flight) while the launch fits in one wave of resident threads, else
-     *   8 rows, which halves the threads.  The switch is where 4 rows stop
-     *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
-     *   (8 rows 9% faster).  Fewer than 4 rows never helped. */
-    const int block = 64;
-    int rows = 2;
-    if (p->K * p->N <= (32ll << 20))
-        rows = v4_units(p, 4, block) * block <= device_resident_threads(p->device) ? 4 : kV4MaxBatch;
-    while (p->G % rows != 0) rows >>= 1; /* full tiles only: the lean kernel */
-    c->rows = rows;
-    c->block_size = block;
-}
-
 int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap)
 {
     if (!configs || cap <= 0) return 0;
@@ -1259,7 +1258,7 @@ int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap)
         configs[n++] = c;
     };
     awq_config d;
-    awq_cuda_default_config(p, &d);
+    default_config(p, &d);
     add(AWQ_KERNEL_V4, d.block_size, d.rows); /* the default first: it survives a small cap */
     const int64_t G = p && p->G > 0 ? p->G : 1;
     static const int kBlocks[] = {64, 128, 256, 512};

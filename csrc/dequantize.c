@@ -137,7 +137,7 @@ static int parse_int_arg(PyObject *o, const char *name, long long *value)
 }
 
 /* stream: None, an int handle, or an object with .cuda_stream / .ptr. */
-static int parse_stream(awq_state *st, PyObject *o, awq_view_opts *opts, intptr_t *handle)
+int awq_parse_stream(awq_state *st, PyObject *o, awq_view_opts *opts, intptr_t *handle)
 {
     PyObject *val = NULL;
     opts->have_stream = 0;
@@ -432,7 +432,8 @@ static int validate(views *vs, const call_args *ca, awq_problem *p, awq_config *
         }
         if (!awq_block_size_valid(bs)) {
             PyErr_Format(PyExc_ValueError,
-                         "block_size must be a multiple of 32 between 32 and 1024, got %lld", bs);
+                         "block_size must be a multiple of 32 between 32 and %d, got %lld",
+                         AWQ_MAX_BLOCK, bs);
             return -1;
         }
     }
@@ -456,10 +457,9 @@ static int validate(views *vs, const call_args *ca, awq_problem *p, awq_config *
     p->device = on_cuda ? (int)qw->device.device_id : -1;
     p->stream = NULL;
 
+    /* Launch parameters left 0 are the backend's defaults (filled there). */
     memset(cfg, 0, sizeof(*cfg));
     if (on_cuda) {
-        if (kernel == AWQ_KERNEL_AUTO || kernel == AWQ_KERNEL_V4)
-            awq_cuda_default_config(p, cfg);
         cfg->kernel = kernel == AWQ_KERNEL_AUTO ? AWQ_KERNEL_V4 : kernel;
         if (bs != 0)
             cfg->block_size = (int)bs;
@@ -677,7 +677,7 @@ static PyObject *dequantize_impl(PyObject *module, PyObject *const *args, int sm
                                                      : hooked_stream(st, args[A_QWEIGHT]);
     if (stream_obj == NULL)
         return NULL;
-    int r = parse_stream(st, stream_obj, &opts, &stream_handle);
+    int r = awq_parse_stream(st, stream_obj, &opts, &stream_handle);
     Py_DECREF(stream_obj);
     if (r < 0)
         return NULL;
@@ -765,7 +765,7 @@ PyObject *awq_py_launch_config(PyObject *module, PyObject *const *args, Py_ssize
     if (rows == -1 && PyErr_Occurred())
         return NULL;
     if (!awq_rows_valid(rows)) {
-        PyErr_SetString(PyExc_ValueError, "rows must be a power of two in [1, 64]");
+        PyErr_Format(PyExc_ValueError, "rows must be a power of two in [1, %d]", AWQ_MAX_ROWS);
         return NULL;
     }
     PyObject *slots[A_COUNT] = {args[0], args[1], args[2], Py_None, args[3],

@@ -4,7 +4,7 @@
  * cache.c, buffers.c and the backends.
  */
 #define AWQ_MODULE_C
-#include "pyawq.h"
+#include "buffers.h"
 
 #ifndef AWQ_VERSION
 #define AWQ_VERSION "0+unknown"
@@ -71,7 +71,6 @@ done:
 /* _empty_launch(device, stream): the benchmark's floor under a launch. */
 static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "_empty_launch(device, stream) takes 2 arguments");
         return NULL;
@@ -79,23 +78,17 @@ static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssi
     long device = PyLong_AsLong(args[0]);
     if (device == -1 && PyErr_Occurred())
         return NULL;
-    long long handle = PyLong_AsLongLong(args[1]);
-    if (handle == -1 && PyErr_Occurred())
-        return NULL;
     if (device < 0 || device > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "device must be a CUDA device index, got %ld", device);
         return NULL;
     }
-    if (handle < 0) {
-        PyErr_Format(PyExc_ValueError, "stream must be a non-negative handle, got %lld", handle);
+    awq_view_opts opts;
+    intptr_t handle = 0;
+    if (awq_parse_stream(awq_get_state(module), args[1], &opts, &handle) < 0)
         return NULL;
-    }
-    void *stream = (void *)(intptr_t)handle;
+    awq_problem p = {.device = (int)device};
     int detail = 0;
-    awq_problem p;
-    memset(&p, 0, sizeof p);
-    p.device = (int)device;
-    awq_status s = awq_cuda_empty_launch((int)device, stream, &detail);
+    awq_status s = awq_cuda_empty_launch(p.device, (void *)handle, &detail);
     if (awq_raise_status(s, detail, &p) < 0)
         return NULL;
     Py_RETURN_NONE;

@@ -48,7 +48,7 @@ typedef struct {
     PyObject *max_version; /* (1, 0) */
     awq_table *table;      /* autotune cache */
     int table_loaded;
-    int autotune_off;      /* AWQ_FAST_DEQUANT_AUTOTUNE=0, read at first use */
+    int autotune;          /* AWQ_FAST_DEQUANT_AUTOTUNE, read at first use: 0 unread, 1 on, 2 off */
     char cache_file[4096];
     unsigned long long hits, misses, tunings;
 } awq_state;

@@ -4,7 +4,6 @@ the Nsight Compute table parser. Tiny shapes: these check the harness,
 never timings."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -14,6 +13,8 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import bench
 from awq_fast_dequant._bench_impls import INJECT_ENV
+
+from conftest import child_env
 
 # A tiny layer, a small cache-flush buffer, no progress bar: each run well under a second.
 FAST = ["--device", "cpu", "--shapes", "64x64", "--group", "32", "--flush-mib", "4",
@@ -164,11 +165,7 @@ def test_bad_arguments_exit_2(capsys):
 
 
 def _subprocess_env(tmp_path):
-    env = dict(os.environ)
-    # the same package this test process imported (in-tree build or installed)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(awq.__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env["AWQ_FAST_DEQUANT_CACHE_DIR"] = str(tmp_path / "cache")
+    env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path / "cache"))
     env.pop(INJECT_ENV, None)
     return env
 

@@ -228,7 +228,7 @@ def test_empty_launch_without_gpu_is_an_error():
     """The benchmark's floor entry on a machine with no GPU (or a CPU-only
     build) raises RuntimeError; it never crashes or launches."""
     from awq_fast_dequant import _C
-    with pytest.raises(RuntimeError, match="CUDA|without CUDA"):
+    with pytest.raises(RuntimeError, match="CUDA"):
         _C._empty_launch(0, 0)
     with pytest.raises(ValueError, match="device must be a CUDA device index"):
         _C._empty_launch(-1, 0)
