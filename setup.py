@@ -17,6 +17,7 @@ Build knobs (environment variables):
   AWQ_FAST_DEQUANT_NVCC_FLAGS="..."  extra nvcc flags (kernel experiments)
 """
 
+import json
 import os
 import re
 import shutil
@@ -112,6 +113,13 @@ class BuildExt(build_ext):
 
     def build_extensions(self):
         ext = self.extensions[0]
+        self._stamp = os.path.join(self.build_temp, "awq_build_config.json")
+        try:
+            with open(self._stamp, encoding="utf-8") as f:
+                self._previous = json.load(f)
+        except (OSError, ValueError):
+            self._previous = None
+        self._nvcc_cmds = []
         openmp = self._has_openmp()
         if openmp:
             ext.extra_compile_args.append("-fopenmp")
@@ -135,7 +143,37 @@ class BuildExt(build_ext):
                    else "no CUDA sources" if not has_cu
                    else "no supported architecture")
             log(f"CPU-only build ({why}); CUDA tensors will raise RuntimeError")
+        config = self._force_if_configuration_changed(ext)
         super().build_extensions()
+        with open(self._stamp, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+
+    def _force_if_configuration_changed(self, ext):
+        """Relink when the build configuration differs from the last build in
+        this build directory (CUDA on or off, architectures, flags): setuptools
+        only compares the times of sources and headers, so switching e.g. to a
+        CPU-only build in place would otherwise keep the previous extension.
+        Returns the configuration, recorded once the build succeeds."""
+        config = {"sources": ext.sources, "objects": ext.extra_objects,
+                  "libraries": ext.libraries, "cflags": ext.extra_compile_args,
+                  "ldflags": ext.extra_link_args, "nvcc": self._nvcc_cmds}
+        if self._previous != config:
+            if self._previous is not None:
+                log("build configuration changed since the last build here: relinking")
+                os.remove(self._stamp)  # a failed build must not look current
+            self.force = True
+        os.makedirs(self.build_temp, exist_ok=True)
+        return config
+
+    def _object_current(self, cmd, src, obj):
+        """An object from the last build with the same nvcc command, newer than
+        its source and every header, needs no recompiling."""
+        if self.force or self._previous is None or cmd not in self._previous.get("nvcc", []):
+            return False
+        if not os.path.exists(obj):
+            return False
+        inputs = [src] + [os.path.join(CSRC, h) for h in os.listdir(CSRC) if h.endswith(".h")]
+        return all(os.path.getmtime(obj) >= os.path.getmtime(i) for i in inputs)
 
     def _has_openmp(self):
         src = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
@@ -174,9 +212,13 @@ class BuildExt(build_ext):
             if env_flag("AWQ_FAST_DEQUANT_WERROR"):
                 cmd += ["-Werror", "all-warnings"]
             cmd += os.environ.get("AWQ_FAST_DEQUANT_NVCC_FLAGS", "").split()
+            self._nvcc_cmds.append(cmd)
+            objects.append(obj)
+            if self._object_current(cmd, src, obj):
+                log(f"{name}: up to date")
+                continue
             log(" ".join(cmd))
             subprocess.run(cmd, check=True)
-            objects.append(obj)
         return objects
 
 
