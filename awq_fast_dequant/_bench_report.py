@@ -437,13 +437,25 @@ def _plot_host(plt, result, host, path):
     fig, ax = plt.subplots(figsize=(8.5, 0.6 * len(cases) + 1.8))
     y = list(range(len(cases)))
     vals = [e["median_us"] for _, e in cases]
-    bars = ax.barh(y, vals, color=["tab:blue" if "torch" not in n else "tab:gray" for n, _ in cases])
+    colors = {HOST_FLOOR_CASE: "tab:olive"}
+    bars = ax.barh(y, vals, color=[colors.get(n, "tab:gray" if "torch" in n else "tab:blue")
+                                   for n, _ in cases])
     for b, v in zip(bars, vals):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {v:.2f} µs", va="center", fontsize=8)
+    floor = host["cases"].get(HOST_FLOOR_CASE, {}).get("median_us")
+    if floor:
+        ax.axvline(floor, color="tab:olive", linestyle="--", linewidth=1,
+                   label="the machine's floor: an empty kernel launch")
+        ax.legend(loc="lower right", fontsize=8)
     ax.set_yticks(y, [n for n, _ in cases], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(vals) * 1.25)
-    ax.set_xlabel("host time per call (µs), GPU kept busy: lower is better")
+    ax.set_xscale("log")  # the torch baseline is 20-30x the others
+    lo, hi = min(vals) / 2, max(vals) * 2.5
+    ax.set_xlim(lo, hi)
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if lo <= t <= hi]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("host time per call (µs, log scale), GPU kept busy: lower is better")
     ax.set_title(f"Host overhead per call, shape {host['label']}: {_title_context(result)}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)

@@ -272,6 +272,7 @@ def _resolve(args, parser) -> Config:
             raise ValueError
     except ValueError:
         parser.error(f"--host-shape: KxN with N a multiple of 8 expected; got {args.host_shape!r}")
+    args.host_kn = (hk, hn)
     if kind == "cuda":
         from . import cuda_available
 
@@ -731,7 +732,7 @@ class Run:
 
         torch = self.torch
         args = self.args
-        K, N = (int(v) for v in args.host_shape.lower().split("x"))
+        K, N = args.host_kn
         G = args.group if K % args.group == 0 else K
         dtype = args.dtype
         self.bar.set_description_str(f"host overhead {K}x{N}")
