@@ -51,7 +51,7 @@ typedef enum {
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 3
+#define AWQ_CUDA_KERNELS_GEN 4
 #define AWQ_CPU_KERNELS_GEN 1
 
 /* Error codes returned by every backend entry point. */

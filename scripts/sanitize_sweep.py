@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_sweep.py
 
 Covers tails (N = 8, 136), one group and G = K, misaligned views, every
-dtype pair, and checks each result against the reference."""
+dtype pair, a layer large enough for v4's write-back mode and its prefetch,
+and checks each result against the reference."""
 
 import sys
 
@@ -45,6 +46,19 @@ def main() -> int:
                         torch.cuda.synchronize()
                         reference.assert_bitexact(got, expect)
                         n += 1
+    # Outputs over 8 MB: the write-back mode, whose threads prefetch the rows of
+    # the unit one wave ahead; W = 1025 leaves one lane in each tile's last column block.
+    K, N, G = 1024, 8200, 128
+    qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda")
+    qz = torch.randint(-2**31, 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda")
+    sc = torch.randn((K // G, N), device="cuda").half()
+    expect = reference.dequantize(qw, qz, sc)
+    for rows in (2, 8):
+        got = torch.empty((K, N), dtype=torch.float16, device="cuda")
+        awq._C._launch_config(qw, qz, sc, got, "v4", 64, rows)
+        torch.cuda.synchronize()
+        reference.assert_bitexact(got, expect)
+        n += 1
     print(f"sanitize sweep: {n} launches, all bit-exact")
     return 0
 

@@ -96,6 +96,24 @@ def test_v4_rows_lean_and_general(rng, rows, dtype):
         assert flat[0].item() == 7.0
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_v4_large_layer_with_prefetch(rng, dtype):
+    """Outputs over 8 MB take the write-back mode, where a thread also asks L2
+    for the rows of the unit one wave of blocks ahead; with W = 1025 words the
+    last column block of every tile has one lane, and the last wave has no
+    unit ahead of it.  Every lean rows value, two block sizes."""
+    K, N, G = 1024, 8200, 128
+    assert K * N * 2 > 8 << 20
+    qw, qz, sc = to_cuda(rng, K, N, G, dtype)
+    expect = reference.dequantize(qw, qz, sc)
+    for rows in (1, 2, 4, 8):
+        for block in (64, 96):
+            out = torch.full((K, N), 7.0, dtype=getattr(torch, dtype), device="cuda")
+            awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
+            torch.cuda.synchronize()
+            reference.assert_bitexact(out, expect)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_zero_size(kernel):
     for K, N in ((0, 16), (64, 0)):
