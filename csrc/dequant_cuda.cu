@@ -1070,11 +1070,22 @@ void default_config(const awq_problem *p, awq_config *c)
      *   flight) while the launch fits in one wave of resident threads, else
      *   8 rows, which halves the threads.  The switch is where 4 rows stop
      *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
-     *   (8 rows 9% faster).  Fewer than 4 rows never helped. */
-    const int block = 64;
+     *   (8 rows 9% faster).  Fewer than 4 rows never helped.
+     * - With the prefetch one wave ahead (large layers), 512-thread blocks
+     *   beat 64 by 0.2-1.7% on the large layers (two benchmark sweeps and
+     *   two harness runs): each block's rows, and the rows it prefetches,
+     *   are 2 KB runs of qweight.  Halved while more than 1/8 of the last
+     *   column block's lanes would idle (W = N/8 not a multiple of the block:
+     *   at W = 512, 1024-thread blocks ran 16% slower). */
+    int block = 64;
     int rows = 2;
-    if (p->K * p->N <= (32ll << 20))
+    if (p->K * p->N <= (32ll << 20)) {
         rows = v4_units(p, 4, block) * block <= device_resident_threads(p->device) ? 4 : kV4MaxBatch;
+    } else {
+        const int64_t W = p->N / kColsPerWord;
+        block = 512;
+        while (block > 64 && 8 * (v4_cblocks(p, block) * block - W) > v4_cblocks(p, block) * block) block >>= 1;
+    }
     while (p->G % rows != 0) rows >>= 1; /* full tiles only: the lean kernel */
     c->rows = rows;
     c->block_size = block;

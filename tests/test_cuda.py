@@ -101,13 +101,14 @@ def test_v4_large_layer_with_prefetch(rng, dtype):
     """Outputs over 8 MB take the write-back mode, where a thread also asks L2
     for the rows of the unit one wave of blocks ahead; with W = 1025 words the
     last column block of every tile has one lane, and the last wave has no
-    unit ahead of it.  Every lean rows value, two block sizes."""
+    unit ahead of it.  Every lean rows value; 64 and 512 are the default
+    blocks below and above 32M elements."""
     K, N, G = 1024, 8200, 128
     assert K * N * 2 > 8 << 20
     qw, qz, sc = to_cuda(rng, K, N, G, dtype)
     expect = reference.dequantize(qw, qz, sc)
     for rows in (1, 2, 4, 8):
-        for block in (64, 96):
+        for block in (64, 96, 512):
             out = torch.full((K, N), 7.0, dtype=getattr(torch, dtype), device="cuda")
             awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
             torch.cuda.synchronize()
