@@ -1072,11 +1072,12 @@ void default_config(const awq_problem *p, awq_config *c)
      *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
      *   (8 rows 9% faster).  Fewer than 4 rows never helped.
      * - With the prefetch one wave ahead (large layers), 512-thread blocks
-     *   beat 64 by 0.2-1.7% on the large layers (two benchmark sweeps and
-     *   two harness runs): each block's rows, and the rows it prefetches,
-     *   are 2 KB runs of qweight.  Halved while more than 1/8 of the last
-     *   column block's lanes would idle (W = N/8 not a multiple of the block:
-     *   at W = 512, 1024-thread blocks ran 16% slower). */
+     *   beat 64 by 0.2-1.7% on the large layers (two benchmark sweeps; a
+     *   harness run agreed within its noise): each block's rows, and the
+     *   rows it prefetches, are 2 KB runs of qweight.  Halved while more
+     *   than 1/8 of the last column block's lanes would idle (W = N/8 not a
+     *   multiple of the block: at W = 512, 1024-thread blocks ran 16%
+     *   slower). */
     int block = 64;
     int rows = 2;
     if (p->K * p->N <= (32ll << 20)) {
