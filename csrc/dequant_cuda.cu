@@ -672,8 +672,8 @@ __device__ __forceinline__ uint32_t divide32(uint32_t n, uint32_t m, uint32_t l)
  * wave ahead -- the block that will run in this one's place -- with a
  * fire-and-forget prefetch that holds no register; that block then finds
  * its rows in L2.  Measured on an H200 (docs/KERNELS.md): 1.5-2.5% faster on
- * the 8B and 8192x8192 layers, 1-1.5% on the 70B ones, past the plain-
- * traffic kernel; a distance of 0.75 to 1.5 waves does about as well. */
+ * the 8B and 8192x8192 layers, 0.6-1.5% on the 70B ones, level with or past
+ * the plain-traffic kernel; a distance of 0.75 to 1.5 waves does about as well. */
 template <int RB> __device__ __forceinline__ void prefetch_ahead(const V4LeanArgs &a, uint32_t u)
 {
     if (a.ahead == 0 || a.units - u <= a.ahead) return; /* no unit that far ahead */
