@@ -956,13 +956,31 @@ cudaError_t device_info(int dev, DeviceInfo *out)
     return cudaSuccess;
 }
 
+/* What a launch can keep resident on a device: SMs and the per-SM thread
+ * and block limits (blocks_per_sm 0: no separate limit known).  Read from
+ * the cache without copying the rest of DeviceInfo (the hot path calls this
+ * on every launch); H100/H200 figures if the query fails. */
+struct Residency {
+    int64_t sms, threads_per_sm, blocks_per_sm;
+};
+
+Residency residency(int dev)
+{
+    const DeviceInfo *d = nullptr;
+    DeviceInfo info;
+    if (dev >= 0 && dev < kMaxCachedDevices && g_device_ready[dev].load(std::memory_order_acquire))
+        d = &g_devices[dev];
+    else if (device_info(dev, &info) == cudaSuccess)
+        d = &info;
+    if (d == nullptr || d->sms <= 0 || d->threads_per_sm <= 0) return {kDefaultSMs, kDefaultThreadsPerSM, 0};
+    return {d->sms, d->threads_per_sm, d->blocks_per_sm};
+}
+
 /* Threads the whole device holds at once (one "wave"). */
 int64_t device_resident_threads(int dev)
 {
-    DeviceInfo info;
-    if (device_info(dev, &info) == cudaSuccess && info.sms > 0 && info.threads_per_sm > 0)
-        return (int64_t)info.sms * info.threads_per_sm;
-    return (int64_t)kDefaultSMs * kDefaultThreadsPerSM;
+    const Residency r = residency(dev);
+    return r.sms * r.threads_per_sm;
 }
 
 /* Blocks of `block` threads the whole device holds at once, by the thread
@@ -970,12 +988,10 @@ int64_t device_resident_threads(int dev)
  * that uses this is not sensitive to that). */
 int64_t device_resident_blocks(int dev, int block)
 {
-    DeviceInfo info;
-    if (device_info(dev, &info) != cudaSuccess || info.sms <= 0 || info.threads_per_sm <= 0)
-        return (int64_t)kDefaultSMs * (kDefaultThreadsPerSM / block);
-    int64_t per_sm = info.threads_per_sm / block;
-    if (info.blocks_per_sm > 0 && info.blocks_per_sm < per_sm) per_sm = info.blocks_per_sm;
-    return (int64_t)info.sms * per_sm;
+    const Residency r = residency(dev);
+    int64_t per_sm = r.threads_per_sm / block;
+    if (r.blocks_per_sm > 0 && r.blocks_per_sm < per_sm) per_sm = r.blocks_per_sm;
+    return r.sms * per_sm;
 }
 
 awq_status status_of(cudaError_t e)
@@ -1061,8 +1077,9 @@ void default_config(const awq_problem *p, awq_config *c)
     if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
 
     /* Measured on an H200 (docs/KERNELS.md), lean kernel, blocks {64..512} x
-     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; 64-thread blocks
-     * are within about 0.15 us or 0.4% of the best block size everywhere.
+     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; without the
+     * prefetch (below), 64-thread blocks were within about 0.15 us or 0.4% of
+     * the best block size everywhere.
      * - Large layers (> 32M elements) are bound by DRAM: 2 rows a thread.
      *   More rows in flight per SM cost DRAM efficiency; fewer re-read each
      *   group's zeros and scales from L2 for every row.
