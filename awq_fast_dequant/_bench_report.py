@@ -188,6 +188,7 @@ def _bitexact_text(rec: dict) -> str:
 
 
 def main_table(result: dict) -> str:
+    floors = any(s.get("floor_model_us") for s in result["shapes"])
     rows = []
     for shape in result["shapes"]:
         first = True
@@ -203,14 +204,20 @@ def main_table(result: dict) -> str:
                 mean,
                 _f(rec.get("gbps")),
                 _f(rec.get("pct_copy"), "{:.1f}%"),
+            ] + ([_f(rec.get("over_floor_us"), "{:+.2f}")] if floors else []) + [
                 _bitexact_text(rec),
             ])
             first = False
     if not rows:
         return ""
-    text = table(["shape (K x N)", "impl", "median us", "mean us", "GB/s", "% copy", "bit-exact"],
-                 rows, right={2, 3, 4, 5})
-    return text + "\n* mean and median differ by more than 15% (unstable timing; shape flagged)"
+    headers = ["shape (K x N)", "impl", "median us", "mean us", "GB/s", "% copy"]
+    headers += ["vs floor model us"] if floors else []
+    text = table(headers + ["bit-exact"], rows, right=set(range(2, len(headers))))
+    text += "\n* mean and median differ by more than 15% (unstable timing; shape flagged)"
+    if floors:
+        text += ("\nvs floor model = median - (launch floor + bytes / copy bandwidth), both "
+                 "measured in this run")
+    return text
 
 
 def problems_text(result: dict) -> str:
@@ -416,6 +423,15 @@ def _plot_gbps(plt, result, shapes, path):
                 top = max(top, c)
                 ax.hlines(c, i - 0.45, i + 0.45, colors="black", linestyles="--", linewidth=1.2,
                           label="memory copy, output-sized (np.copyto)" if i == 0 else None)
+    labelled = False
+    for xi, s in zip(x, shapes):  # the layer's floor model as a bandwidth
+        if not s.get("floor_model_us"):
+            continue
+        ceiling = s["bytes"] / (s["floor_model_us"] * 1e3)
+        top = max(top, ceiling)
+        ax.hlines(ceiling, xi - 0.45, xi + 0.45, colors="dimgray", linestyles=":", linewidth=1.6,
+                  label=None if labelled else "floor model (launch floor + bytes at copy bandwidth)")
+        labelled = True
     if top > 0:
         ax.set_ylim(0, top * 1.08)
     ax.set_xticks(x, _shape_ticks(shapes), fontsize=8)

@@ -124,6 +124,13 @@ class Shape:
         return f"{self.K}x{self.N}"
 
 
+# The launch floor (CUDA): v4 on the smallest layer, one word (K = G = 1, N = 8),
+# timed like every shape. A layer's floor model is that time plus the layer's
+# bytes at the copy bandwidth of the same run: what a kernel that launches and
+# moves those bytes and nothing else would be timed at on this machine.
+FLOOR_SHAPE = Shape("floor", 1, 8, 1)
+
+
 # --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
@@ -444,6 +451,7 @@ class Run:
             "environment": None,
             "peers": {},
             "copy_bandwidth": None,
+            "launch_floor": None,
             "shapes": [],
             "host_overhead": None,
             "plots": [],
@@ -582,9 +590,35 @@ class Run:
         steps = per_shape * len(self.cfg.shapes)
         if self.kind == "cuda":
             steps += 2  # copy bandwidth, start and end
+            if self._wants_floor():
+                steps += a.trials
             if not a.no_host:
                 steps += len(HOST_CASES)
         return steps
+
+    def _wants_floor(self) -> bool:
+        return bool(self.cfg.shapes) and (not self.args.no_main or self.args.sweep)
+
+    def launch_floor(self) -> dict:
+        """v4 on FLOOR_SHAPE, timed and checked like a shape's implementations."""
+        from . import dequantize, reference
+
+        shape, dtype = FLOOR_SHAPE, self.args.dtype
+        self.bar.set_description_str(f"launch floor ({shape.label})")
+        inputs = make_inputs(shape.K, shape.N, shape.G, dtype, self.args.seed)
+        check = self.backend.check(reference.dequantize(*inputs, group_size=shape.G), dtype)
+        case = self.backend.case(shape, dtype, inputs)
+        impl = Impl("v4", lambda c=case: dequantize(c.qweight, c.qzeros, c.scales, group_size=1,
+                                                    out=c.out, kernel="v4"),
+                    True, self.backend.poison(case), "dequantize(kernel='v4', out=) of a 1x8 layer")
+        warm, raw, _ = self._time({"v4": impl}, check)
+        rec = self._record({"v4": impl}, warm, raw, bytes_moved(shape.K, shape.N, shape.G, dtype),
+                           None, {})["v4"]
+        del case, check
+        return {"K": shape.K, "N": shape.N, "G": shape.G, "call": rec["call"],
+                "samples_us": rec["samples_us"], "stats": rec["stats"],
+                "median_us": rec["stats"].get("median_us"), "error": rec["error"],
+                "bitexact": rec["bitexact"]}
 
     def copy_bandwidth(self, when: str):
         bw = cuda_copy_bandwidth(self.torch, self.backend.device, self.backend.timer,
@@ -780,6 +814,12 @@ class Run:
             for p in s.get("prefill") or []:
                 for name, err in p["errors"].items():
                     failures.append(f"{s['label']}: prefill M={p['M']} {name}: {err}")
+        floor = self.result.get("launch_floor")
+        if floor and floor["error"]:
+            failures.append(f"launch floor: {floor['error']}")
+        elif floor and floor["bitexact"] is not True:
+            failures.append("launch floor: not bit-exact")
+            inexact.append("launch floor")
         host = self.result.get("host_overhead")
         if host:
             for name, e in host["cases"].items():
@@ -816,6 +856,13 @@ class Run:
             for r in recs:
                 if r.get("gbps"):
                     r["pct_copy"] = 100.0 * r["gbps"] / bw["gbps"]
+            floor = (self.result.get("launch_floor") or {}).get("median_us")
+            if floor:
+                s["floor_model_us"] = floor + s["bytes"] / (bw["gbps"] * 1e3)
+                for r in recs:
+                    median = (r.get("stats") or {}).get("median_us")
+                    if median:
+                        r["over_floor_us"] = median - s["floor_model_us"]
 
     def execute(self) -> int:
         self.setup()
@@ -826,6 +873,8 @@ class Run:
                 first = self.copy_bandwidth("start")
                 self.result["copy_bandwidth"] = {"measurements": [first]}
                 copy_gbps = first["gbps"]
+                if self._wants_floor():
+                    self.result["launch_floor"] = self.launch_floor()
             for shape in self.cfg.shapes:
                 self.run_shape(shape, copy_gbps)
             if self.kind == "cuda":
@@ -888,6 +937,11 @@ def print_report(result: dict, file=sys.stdout) -> None:
               f"{sum(len(m['samples_us']) for m in bw['measurements'])}, "
               f"{bw['measurements'][0]['buffer_bytes'] >> 20} MiB read + written, start and end "
               f"of the run)", file=file)
+    floor = result.get("launch_floor") or {}
+    if floor.get("median_us"):
+        print(f"launch floor: {floor['median_us']:.2f} us (v4 on a 1x8 layer, timed like the "
+              f"shapes); a layer's floor model = that + its bytes at the copy bandwidth",
+              file=file)
     for name, st in (result.get("peers") or {}).items():
         print(f"{name}: {st['status']}", file=file)
     for title, text in (("", report.main_table(result)),

@@ -54,9 +54,10 @@ def test_cpu_run_writes_json_with_the_documented_fields(tmp_path):
     code, out = run_bench(tmp_path, "--trials", "2", "--runs", "2")
     assert code == 0
     for key in ("schema", "complete", "argv", "config", "environment", "peers",
-                "copy_bandwidth", "shapes", "host_overhead", "plots", "summary"):
+                "copy_bandwidth", "launch_floor", "shapes", "host_overhead", "plots", "summary"):
         assert key in out, key
     assert out["complete"] is True
+    assert out["launch_floor"] is None  # CUDA only
     assert out["summary"]["exit_code"] == 0 and out["summary"]["all_ours_bitexact"] is True
     cfg = out["config"]
     assert cfg["device"] == "cpu" and cfg["trials"] == 2 and cfg["runs"] == 2
