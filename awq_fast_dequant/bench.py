@@ -608,8 +608,8 @@ class Run:
         inputs = make_inputs(shape.K, shape.N, shape.G, dtype, self.args.seed)
         check = self.backend.check(reference.dequantize(*inputs, group_size=shape.G), dtype)
         case = self.backend.case(shape, dtype, inputs)
-        impl = Impl("v4", lambda c=case: dequantize(c.qweight, c.qzeros, c.scales, group_size=1,
-                                                    out=c.out, kernel="v4"),
+        impl = Impl("v4", lambda c=case: dequantize(c.qweight, c.qzeros, c.scales,
+                                                    group_size=c.group_size, out=c.out, kernel="v4"),
                     True, self.backend.poison(case), "dequantize(kernel='v4', out=) of a 1x8 layer")
         warm, raw, _ = self._time({"v4": impl}, check)
         rec = self._record({"v4": impl}, warm, raw, bytes_moved(shape.K, shape.N, shape.G, dtype),
