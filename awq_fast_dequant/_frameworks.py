@@ -67,5 +67,7 @@ def current_stream(arr):
     dev = getattr(arr.device, "id", None)
     if dev is None:
         return None
+    if dev == cupy.cuda.runtime.getDevice():  # the usual case: no switch there and back
+        return cupy.cuda.get_current_stream().ptr
     with cupy.cuda.Device(dev):
         return cupy.cuda.get_current_stream().ptr

@@ -274,6 +274,30 @@ def test_cupy_in_cupy_out(rng):
     reference.assert_bitexact(out.get(), reference.dequantize(qw, qz, sc))
 
 
+def test_cupy_current_stream_of_the_arrays_device():
+    """The stream a CuPy call launches on by default: CuPy's current stream of
+    the array's device, whichever device is current."""
+    cupy = pytest.importorskip("cupy")
+    from awq_fast_dequant._frameworks import current_stream
+    a = cupy.zeros(8)
+    assert current_stream(a) == cupy.cuda.get_current_stream().ptr
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        assert current_stream(a) == s.ptr
+    assert current_stream(a) != s.ptr
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        return
+    with cupy.cuda.Device(1):
+        b = cupy.zeros(8)
+        s1 = cupy.cuda.Stream(non_blocking=True)
+        with s1:
+            with cupy.cuda.Device(0):
+                assert current_stream(a) == cupy.cuda.get_current_stream().ptr
+                assert current_stream(b) == s1.ptr
+                assert cupy.cuda.runtime.getDevice() == 0
+            assert current_stream(b) == s1.ptr
+
+
 def test_torch_allocates_through_its_allocator(rng):
     qw, qz, sc = to_cuda(rng, 1024, 4096, 128, "float16")
     torch.cuda.synchronize()
