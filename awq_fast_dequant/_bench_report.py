@@ -102,6 +102,11 @@ def _driver_cuda_version():
     return None
 
 
+def _launch_path() -> str:
+    from . import _C
+    return _C._launch_path()
+
+
 def environment(device: str, torch=None, torch_device=None) -> dict:
     """Where and with what the benchmark ran. Never raises."""
     from . import __version__, build_info, cache_path
@@ -147,6 +152,7 @@ def environment(device: str, torch=None, torch_device=None) -> dict:
             "awq_fast_dequant": (env["build_info"] or {}).get("cuda_runtime_version"),
         }
         env["driver_cuda_version"] = _safe(_driver_cuda_version)
+        env["launch_path"] = _safe(_launch_path)  # "driver" (cuLaunchKernel) or "runtime"
         smi = _safe(nvidia_smi)
         env["nvidia_smi"] = smi
         env["driver"] = smi[0]["driver_version"] if smi else None
@@ -299,10 +305,16 @@ def above_floor(host: dict, name: str):
     return statistics.median(a - b for a, b in zip(mine, floor))
 
 
+_LAUNCH_PATHS = {"driver": "the driver (cuLaunchKernel)",
+                 "runtime": "the runtime (cudaLaunchKernel; AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1 "
+                            "or no driver entry point)"}
+
+
 def host_table(result: dict) -> str:
     host = result.get("host_overhead")
     if not host or not host.get("cases"):
         return ""
+    path = (result.get("environment") or {}).get("launch_path") or "unknown"
     rows = []
     for name, e in host["cases"].items():
         busy = "yes" if e.get("all_busy") else ("ERROR" if e.get("error") else "NO")
@@ -313,7 +325,8 @@ def host_table(result: dict) -> str:
                   "above floor", "calls x repeats", "GPU busy throughout"], rows,
                  right={1, 2, 3, 4}) + (
         "\nabove floor = median over repeats of (call - empty kernel launch) in the same repeat:"
-        "\nthe host work of the call itself, whatever the machine's speed at the moment.")
+        "\nthe host work of the call itself, whatever the machine's speed at the moment."
+        f"\nkernels launched through: {_LAUNCH_PATHS.get(path, path)}")
 
 
 def prefill_table(result: dict) -> str:

@@ -132,6 +132,12 @@ awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *d
  * floor under any launch, for the benchmark's host-overhead reference. */
 awq_status awq_cuda_empty_launch(int device, void *stream, int *detail);
 
+/* How kernels are launched in this process: "driver" (cuLaunchKernel, found
+ * through the runtime), "runtime" (cudaLaunchKernel: a runtime older than
+ * 12.5, a driver without the entry point, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1)
+ * or "none" (a CPU-only build).  Static storage. */
+const char *awq_cuda_launch_path(void);
+
 /* Text of a cudaError_t (static storage). */
 const char *awq_cuda_error_string(int detail);
 

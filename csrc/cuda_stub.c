@@ -34,6 +34,8 @@ awq_status awq_cuda_empty_launch(int device, void *stream, int *detail)
     return AWQ_ERR_NO_CUDA;
 }
 
+const char *awq_cuda_launch_path(void) { return "none"; }
+
 const char *awq_cuda_error_string(int detail)
 {
     (void)detail;

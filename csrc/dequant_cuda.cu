@@ -3,13 +3,14 @@
  *
  * No Python and no torch here.  Every entry point returns an awq_status, never
  * aborts, never synchronizes (except awq_cuda_time, on its end event), and
- * checks cudaGetLastError() after every launch.  Contract: csrc/awq.h and
- * DESIGN.md section 1; design notes and measurements: docs/KERNELS.md.
+ * checks the result of every launch (`launch`, below).  Contract: csrc/awq.h
+ * and DESIGN.md section 1; design notes and measurements: docs/KERNELS.md.
  *
  * All four kernels produce identical bits:
  *   out[k, n] = round_to_out( float32(q - z) * float32(scale[k / G, n]) )
  * with q - z an exact integer and a single round-to-nearest-even at the end.
  */
+#include <cuda.h> /* driver types only: the driver is reached through the runtime (see launch) */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -720,6 +722,101 @@ __global__ void __launch_bounds__(kMaxBlock) awq_v4_lean_kernel(const V4LeanArgs
  * Host side
  * ====================================================================== */
 
+cudaError_t clear_error(cudaError_t e)
+{
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* leave no stale error for the next caller */
+    return e;
+}
+
+/* ---- launching -------------------------------------------------------
+ *
+ * Every kernel goes out through launch<kernel>(grid, block, stream, args):
+ * the driver's cuLaunchKernel on the kernel's context-independent handle
+ * (cudaGetKernel), both found once through the runtime, so nothing links
+ * against libcuda.  On an H200 host that costs 0.1-0.3 us less per launch
+ * than the runtime's <<<>>> and cudaGetLastError (docs/BENCHMARKS.md, "What
+ * the host figure is made of").  Anything else -- a runtime older than 12.5,
+ * a driver without the entry point, a thread with no current context yet, a
+ * failed launch -- goes through the runtime's cudaLaunchKernel, which binds
+ * the current device's primary context and reports the runtime's own error
+ * for a launch that cannot run.  A failed cuLaunchKernel enqueues nothing,
+ * so the retry never runs a kernel twice.  AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1
+ * (read once per process) keeps every launch on the runtime path.
+ */
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+#define AWQ_DRIVER_LAUNCH 1
+#else
+#define AWQ_DRIVER_LAUNCH 0
+#endif
+
+#if AWQ_DRIVER_LAUNCH
+/* cuLaunchKernel's signature (unchanged since CUDA 4.0). */
+using DriverLaunchFn = CUresult(CUDAAPI *)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                           unsigned block_x, unsigned block_y, unsigned block_z,
+                                           unsigned shared_bytes, CUstream stream, void **params,
+                                           void **extra);
+
+bool runtime_launch_forced()
+{
+    const char *v = getenv("AWQ_FAST_DEQUANT_RUNTIME_LAUNCH");
+    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+/* cuLaunchKernel, or nullptr: resolved on first use (thread-safe static). */
+DriverLaunchFn driver_launch_fn()
+{
+    static const DriverLaunchFn fn = []() -> DriverLaunchFn {
+        if (runtime_launch_forced()) return nullptr;
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (clear_error(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault,
+                                                         &found)) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            return nullptr;
+        return reinterpret_cast<DriverLaunchFn>(p);
+    }();
+    return fn;
+}
+
+/* The context-independent handle of one kernel, as the CUfunction that
+ * cuLaunchKernel accepts for it; nullptr when the runtime has none. */
+template <auto Kernel> CUfunction driver_handle()
+{
+    static std::atomic<CUfunction> handle{nullptr};
+    static std::atomic<bool> unavailable{false};
+    CUfunction f = handle.load(std::memory_order_acquire);
+    if (f != nullptr || unavailable.load(std::memory_order_relaxed)) return f;
+    cudaKernel_t k = nullptr;
+    if (clear_error(cudaGetKernel(&k, reinterpret_cast<const void *>(Kernel))) != cudaSuccess || k == nullptr) {
+        unavailable.store(true, std::memory_order_relaxed);
+        return nullptr;
+    }
+    f = reinterpret_cast<CUfunction>(k);
+    handle.store(f, std::memory_order_release);
+    return f;
+}
+#endif
+
+/* Launches Kernel<<<grid, block, 0, stream>>>(args...) and returns its
+ * launch error (cudaSuccess once enqueued); leaves no stale runtime error. */
+template <auto Kernel, class... Args>
+cudaError_t launch(unsigned grid, unsigned block, cudaStream_t stream, Args... args)
+{
+    static_assert(std::is_same<decltype(Kernel), void (*)(Args...)>::value,
+                  "the arguments are the kernel's parameters, type for type");
+    void *params[] = {static_cast<void *>(&args)..., nullptr};
+#if AWQ_DRIVER_LAUNCH
+    if (const DriverLaunchFn drive = driver_launch_fn()) {
+        const CUfunction f = driver_handle<Kernel>();
+        if (f != nullptr && drive(f, grid, 1, 1, block, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
+                                  nullptr) == CUDA_SUCCESS)
+            return cudaSuccess;
+    }
+#endif
+    return clear_error(cudaLaunchKernel(reinterpret_cast<const void *>(Kernel), dim3(grid), dim3(block), params,
+                                        0, stream));
+}
+
 /* Blocks for `count` items of `per_block`, capped at gridDim.x's limit (the
  * kernels' grid-stride loops cover the rest). */
 unsigned grid_for(int64_t count, int per_block)
@@ -768,8 +865,8 @@ cudaError_t awq_v1_launch(const awq_problem *p, cudaStream_t stream)
     const SimpleArgs a = simple_args(p, awq_numel(p));
     const unsigned grid = grid_for(a.count, kV1Block);
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v1_kernel<typename decltype(st)::type, typename decltype(ot)::type><<<grid, kV1Block, 0, stream>>>(a);
-        return cudaGetLastError();
+        return launch<awq_v1_kernel<typename decltype(st)::type, typename decltype(ot)::type>>(grid, kV1Block,
+                                                                                                stream, a);
     });
 }
 
@@ -780,11 +877,8 @@ template <bool VEC> cudaError_t v2_launch_vec(const awq_problem *p, int block, c
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
         using S = typename decltype(st)::type;
         using O = typename decltype(ot)::type;
-        if (block == 0)
-            awq_v2_kernel<S, O, VEC><<<grid, kV2Block, 0, stream>>>(a);
-        else
-            awq_v3_kernel<S, O, VEC><<<grid, block, 0, stream>>>(a);
-        return cudaGetLastError();
+        return block == 0 ? launch<awq_v2_kernel<S, O, VEC>>(grid, kV2Block, stream, a)
+                          : launch<awq_v3_kernel<S, O, VEC>>(grid, (unsigned)block, stream, a);
     });
 }
 
@@ -850,13 +944,13 @@ template <int ACC> cudaError_t v4_launch_lean(const awq_problem *p, int block, i
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
         using S = typename decltype(st)::type;
         using O = typename decltype(ot)::type;
+        const unsigned b = (unsigned)block;
         switch (R) {
-        case 1: awq_v4_lean_kernel<S, O, 1, ACC><<<grid, block, 0, stream>>>(a); break;
-        case 2: awq_v4_lean_kernel<S, O, 2, ACC><<<grid, block, 0, stream>>>(a); break;
-        case 4: awq_v4_lean_kernel<S, O, 4, ACC><<<grid, block, 0, stream>>>(a); break;
-        default: awq_v4_lean_kernel<S, O, kV4MaxBatch, ACC><<<grid, block, 0, stream>>>(a); break;
+        case 1: return launch<awq_v4_lean_kernel<S, O, 1, ACC>>(grid, b, stream, a);
+        case 2: return launch<awq_v4_lean_kernel<S, O, 2, ACC>>(grid, b, stream, a);
+        case 4: return launch<awq_v4_lean_kernel<S, O, 4, ACC>>(grid, b, stream, a);
+        default: return launch<awq_v4_lean_kernel<S, O, kV4MaxBatch, ACC>>(grid, b, stream, a);
         }
-        return cudaGetLastError();
     });
 }
 
@@ -874,8 +968,8 @@ template <int ACC> cudaError_t v4_launch_general(const awq_problem *p, int block
     a.zero = 0;
     const unsigned grid = grid_for(a.units, 1);
     return dispatch_dtypes(p->scale_dtype, p->out_dtype, [&](auto st, auto ot) {
-        awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, ACC><<<grid, block, 0, stream>>>(a);
-        return cudaGetLastError();
+        return launch<awq_v4_kernel<typename decltype(st)::type, typename decltype(ot)::type, ACC>>(
+            grid, (unsigned)block, stream, a);
     });
 }
 
@@ -919,12 +1013,6 @@ struct DeviceInfo {
 DeviceInfo g_devices[kMaxCachedDevices];
 std::atomic<int> g_device_ready[kMaxCachedDevices]; /* 0 unknown, 1 g_devices[i] valid */
 std::mutex g_device_mutex;                          /* serializes writers only */
-
-cudaError_t clear_error(cudaError_t e)
-{
-    if (e != cudaSuccess) (void)cudaGetLastError(); /* leave no stale error for the next caller */
-    return e;
-}
 
 cudaError_t device_info(int dev, DeviceInfo *out)
 {
@@ -1205,11 +1293,18 @@ awq_status awq_cuda_empty_launch(int device, void *stream, int *detail)
     DeviceScope scope;
     cudaError_t e = scope.enter(device);
     if (e == cudaSuccess) {
-        awq_empty_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>();
-        e = clear_error(cudaGetLastError());
+        e = launch<awq_empty_kernel>(1, 32, static_cast<cudaStream_t>(stream));
     }
     set_detail(detail, (int)e);
     return status_of(e);
+}
+
+const char *awq_cuda_launch_path(void)
+{
+#if AWQ_DRIVER_LAUNCH
+    if (driver_launch_fn() != nullptr && driver_handle<awq_empty_kernel>() != nullptr) return "driver";
+#endif
+    return "runtime";
 }
 
 const char *awq_cuda_error_string(int detail) { return cudaGetErrorString(static_cast<cudaError_t>(detail)); }

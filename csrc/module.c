@@ -94,6 +94,12 @@ static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* _launch_path(): "driver", "runtime" or "none" (awq_cuda_launch_path). */
+static PyObject *py_launch_path(PyObject *module, PyObject *unused)
+{
+    return PyUnicode_FromString(awq_cuda_launch_path());
+}
+
 /* The package registers its framework glue: the callable that allocates
  * outputs for frameworks without the DLPack C exchange API, and the one that
  * names the current stream of those frameworks (CuPy). */
@@ -144,6 +150,9 @@ static PyMethodDef awq_methods[] = {
     {"_empty_launch", (PyCFunction)(void (*)(void))py_empty_launch, METH_FASTCALL,
      "_empty_launch(device, stream): development entry that launches an empty kernel the "
      "way dequantize launches (the benchmark's host-overhead floor)."},
+    {"_launch_path", py_launch_path, METH_NOARGS,
+     "_launch_path(): how kernels are launched, 'driver' (cuLaunchKernel), 'runtime' "
+     "(cudaLaunchKernel) or 'none' (CPU-only build); development entry."},
     {"cuda_available", py_cuda_available, METH_NOARGS,
      "True when the CUDA backend is compiled in and a CUDA device is usable."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU half needs checked, in one call on a CUDA machine:
-# build, the test suite, the compute-sanitizer sweep, the full benchmark, two
-# host-only reruns of the benchmark, and the host-time probe.  Full logs go to
+# build, the test suite, the compute-sanitizer sweep, the full benchmark, four
+# host-only reruns of the benchmark (two per launch path), and the host-time
+# probe.  Full logs go to
 # $OUT (default ./device_out); a short summary is printed last.
 #
 #     OUT=/some/folder bash scripts/device_check.sh
@@ -14,10 +15,11 @@ OUT=${OUT:-$R/device_out}
 mkdir -p "$OUT"
 export AWQ_FAST_DEQUANT_CUDA_ARCHS=${AWQ_FAST_DEQUANT_CUDA_ARCHS:-90}
 
+# Seven files in all (bench.txt, checks.log, host.txt, h200.json, three plots).
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.limit,temperature.gpu,driver_version \
-    --format=csv > "$OUT/gpu.txt" 2>&1
-git -C "$R" rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null
-python3 -m pip install --no-build-isolation --no-deps "$R" > "$OUT/checks.log" 2>&1 ||
+    --format=csv > "$OUT/checks.log" 2>&1
+git -C "$R" rev-parse --short HEAD >> "$OUT/checks.log" 2>&1
+python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 2>&1 ||
     { tail -30 "$OUT/checks.log"; exit 1; }
 
 cd /tmp  # import the installed package, not the source folder
@@ -33,16 +35,23 @@ AWQ_FAST_DEQUANT_CACHE_DIR=$(mktemp -d)
 python3 -m awq_fast_dequant bench --no-progress --sweep --prefill --host-repeats 15 \
     --json "$OUT/h200.json" --plot "$OUT/h200" > "$OUT/bench.txt" 2>&1
 echo "bench rc $?" >> "$OUT/bench.txt"
-for _ in 1 2; do
+# Host-only reruns, alternating the launch path: the driver's cuLaunchKernel
+# (the default) and the runtime's cudaLaunchKernel (the fallback).
+for path in driver runtime driver runtime; do
+    echo "launch path: $path" >> "$OUT/host.txt"
+    [ $path = runtime ] && export AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1
     python3 -m awq_fast_dequant bench --no-progress --no-main --host-repeats 15 2>&1 |
-        sed -n '/^call (shape/,/^the host work/p' >> "$OUT/host_reruns.txt"
+        sed -n '/^call (shape/,/^kernels launched through/p' >> "$OUT/host.txt"
+    unset AWQ_FAST_DEQUANT_RUNTIME_LAUNCH
 done
-python3 "$R/scripts/host_probe.py" > "$OUT/host_probe.txt" 2>&1
+python3 "$R/scripts/host_probe.py" > "$OUT/host_probe.tmp" 2>&1
 
 # The summary (the device tool returns the end of the output).
 grep -E "passed|failed|FAILED|pytest rc|sanitizer rc|ERROR SUMMARY" "$OUT/checks.log" | tail -6
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
 sed -n '/^shape       winner/,/^margin/p' "$OUT/bench.txt"
 sed -n '/^call (shape/,/^torch baseline/p' "$OUT/bench.txt"
-grep -E "floor|out=out\)  |allocating  " "$OUT/host_reruns.txt"
-cat "$OUT/host_probe.txt"
+grep -E "launch path|launched through|floor|out=out\)  |allocating  " "$OUT/host.txt"
+cat "$OUT/host_probe.tmp"
+cat "$OUT/host_probe.tmp" >> "$OUT/host.txt"
+rm -f "$OUT/host_probe.tmp"

@@ -2,6 +2,10 @@
 graphs, devices, frameworks.  Skipped without a usable GPU."""
 
 import json
+import os
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -239,6 +243,77 @@ def test_empty_launch_floor(rng):
     assert torch.cuda.current_device() == dev
     qw, qz, sc = to_cuda(rng, 128, 136, 32, "float16")
     check(awq.dequantize(qw, qz, sc), qw, qz, sc)
+
+
+def test_launches_go_through_the_driver():
+    """With a CUDA 12.5+ runtime the kernels go out through cuLaunchKernel
+    (the faster path; every other test here runs on it)."""
+    from awq_fast_dequant import _C
+    if awq.build_info()["cuda_runtime_version"] < 12050:
+        assert _C._launch_path() == "runtime"
+    else:
+        assert _C._launch_path() == "driver"
+
+
+def test_a_fresh_thread_launches(rng):
+    """A thread that never touched CUDA has no current context: its first
+    launch takes the runtime path, which binds the device's context; the
+    launches after it take the driver path.  Every result is bit-exact."""
+    problems = [to_cuda(rng, 7 * 32, 136, 32, dt) for dt in DTYPES]
+    got, errors = [], []
+
+    def work():
+        try:
+            for kernel in KERNELS:
+                for qw, qz, sc in problems:
+                    got.append((awq.dequantize(qw, qz, sc, kernel=kernel), qw, qz, sc))
+            torch.cuda.synchronize()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    assert len(got) == len(KERNELS) * len(problems)
+    for out, qw, qz, sc in got:
+        check(out, qw, qz, sc)
+
+
+_RUNTIME_PATH_SCRIPT = """
+import numpy as np, torch
+import awq_fast_dequant as awq
+from awq_fast_dequant import _C, reference
+assert _C._launch_path() == "runtime", _C._launch_path()
+rng = np.random.default_rng(5)
+for K, N, G in ((7 * 32, 136, 32), (256, 4104, 128)):
+    qw = rng.integers(0, 2**32, (K, N // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    qz = rng.integers(0, 2**32, (K // G, N // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    sc = (rng.standard_normal((K // G, N)) * 0.01).astype(np.float16)
+    want = reference.dequantize(qw, qz, sc)
+    t = [torch.from_numpy(a).cuda() for a in (qw, qz, sc)]
+    for kernel in ("v1", "v2", "v3", "v4"):
+        got = awq.dequantize(*t, kernel=kernel)
+        reference.assert_bitexact(got.cpu().numpy(), want)
+    out = torch.empty((K, N), dtype=torch.float16, device="cuda")
+    _C._empty_launch(torch.cuda.current_device(), 0)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        awq.dequantize(*t, out=out)
+    torch.cuda.synchronize()
+    reference.assert_bitexact(out.cpu().numpy(), want)
+print("runtime path ok")
+"""
+
+
+def test_runtime_launch_path_is_bitexact():
+    """AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1 keeps every launch on cudaLaunchKernel
+    (the fallback path): every kernel, a side stream and the floor's launch."""
+    env = dict(os.environ, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH="1")
+    r = subprocess.run([sys.executable, "-c", _RUNTIME_PATH_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "runtime path ok" in r.stdout
 
 
 @pytest.mark.skipif(awq.cuda_available() and torch.cuda.device_count() < 2,
