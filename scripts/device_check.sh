@@ -5,7 +5,7 @@
 # probe.  Full logs go to
 # $OUT (default ./device_out); a short summary is printed last.
 #
-#     OUT=/some/folder bash scripts/device_check.sh
+#     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
 #
 # Run from the repository root.  AWQ_FAST_DEQUANT_CUDA_ARCHS (default 90)
 # picks the architectures to build.
@@ -18,7 +18,8 @@ export AWQ_FAST_DEQUANT_CUDA_ARCHS=${AWQ_FAST_DEQUANT_CUDA_ARCHS:-90}
 # Seven files in all (bench.txt, checks.log, host.txt, h200.json, three plots).
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.limit,temperature.gpu,driver_version \
     --format=csv > "$OUT/checks.log" 2>&1
-git -C "$R" rev-parse --short HEAD >> "$OUT/checks.log" 2>&1
+# A copied tree may carry a stale .git: the caller names the commit.
+echo "commit: ${COMMIT:-not given (pass COMMIT=...)}" >> "$OUT/checks.log"
 python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 2>&1 ||
     { tail -30 "$OUT/checks.log"; exit 1; }
 
