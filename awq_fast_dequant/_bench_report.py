@@ -102,14 +102,9 @@ def _driver_cuda_version():
     return None
 
 
-def _launch_path() -> str:
-    from . import _C
-    return _C._launch_path()
-
-
 def environment(device: str, torch=None, torch_device=None) -> dict:
     """Where and with what the benchmark ran. Never raises."""
-    from . import __version__, build_info, cache_path
+    from . import _C, __version__, build_info, cache_path
 
     env = {
         "hostname": _safe(socket.gethostname),
@@ -152,7 +147,7 @@ def environment(device: str, torch=None, torch_device=None) -> dict:
             "awq_fast_dequant": (env["build_info"] or {}).get("cuda_runtime_version"),
         }
         env["driver_cuda_version"] = _safe(_driver_cuda_version)
-        env["launch_path"] = _safe(_launch_path)  # "driver" (cuLaunchKernel) or "runtime"
+        env["launch_path"] = _safe(_C._launch_path)  # "driver" (cuLaunchKernel) or "runtime"
         smi = _safe(nvidia_smi)
         env["nvidia_smi"] = smi
         env["driver"] = smi[0]["driver_version"] if smi else None

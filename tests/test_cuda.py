@@ -282,15 +282,16 @@ def test_a_fresh_thread_launches(rng):
 
 
 _RUNTIME_PATH_SCRIPT = """
+import sys
 import numpy as np, torch
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
+sys.path.insert(0, sys.argv[1])
+from conftest import make_problem
 assert _C._launch_path() == "runtime", _C._launch_path()
 rng = np.random.default_rng(5)
 for K, N, G in ((7 * 32, 136, 32), (256, 4104, 128)):
-    qw = rng.integers(0, 2**32, (K, N // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
-    qz = rng.integers(0, 2**32, (K // G, N // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
-    sc = (rng.standard_normal((K // G, N)) * 0.01).astype(np.float16)
+    qw, qz, sc = make_problem(rng, K, N, G, "float16")
     want = reference.dequantize(qw, qz, sc)
     t = [torch.from_numpy(a).cuda() for a in (qw, qz, sc)]
     for kernel in ("v1", "v2", "v3", "v4"):
@@ -310,7 +311,8 @@ def test_runtime_launch_path_is_bitexact():
     """AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1 keeps every launch on cudaLaunchKernel
     (the fallback path): every kernel, a side stream and the floor's launch."""
     env = dict(os.environ, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH="1")
-    r = subprocess.run([sys.executable, "-c", _RUNTIME_PATH_SCRIPT], env=env,
+    tests = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _RUNTIME_PATH_SCRIPT, tests], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "runtime path ok" in r.stdout
