@@ -3,28 +3,27 @@
     python3 scripts/host_probe.py [--repeats 21]
 
 Builds scripts/host_probe.cu with nvcc into a temporary folder, then times, in
-C loops and from Python, the way the benchmark times host overhead
-(awq_fast_dequant._bench_timing.host_overhead: the GPU kept busy so that no
-call waits on the device): a bare kernel launch through the runtime and through
+C loops and from Python, with the GPU kept busy (torch.cuda._sleep) so that no
+call waits on the device: a bare kernel launch through the runtime and through
 the driver, the DLPack exchange-API calls a dequantize call makes, and the
 package's own calls (the benchmark's host floor, out=, allocating).  Prints the
-median, minimum and maximum over the repeats, in microseconds per call.
+median, minimum and maximum over randomized repeats, in microseconds per call.
 Not part of the package; a diagnostic for BENCHMARKS.md."""
 
 import argparse
 import ctypes
 import pathlib
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C
-from awq_fast_dequant._bench_timing import host_overhead
-from awq_fast_dequant.bench import HOST_SLEEP_CYCLES
 
 CALLS = 200  # per timed batch: far fewer than the launch queue holds
 HERE = pathlib.Path(__file__).resolve().parent
@@ -75,39 +74,53 @@ def main() -> int:
         return 1
     api = exchange_api()
 
-    def c_loop(fn):  # one call times CALLS repetitions in C; a negative time is a failure
+    def python_loop(fn):
         def run():
-            if fn() < 0:
-                raise RuntimeError("a C loop of host_probe.cu failed")
-        return run, 1
+            t0 = time.perf_counter_ns()
+            for _ in range(CALLS):
+                fn()
+            return (time.perf_counter_ns() - t0) / CALLS / 1e3
+        return run
 
     cases = {
-        "C launch, runtime <<<>>>": c_loop(lambda: lib.launch_loop(CALLS, 0, stream)),
-        "C launch, driver cuLaunchKernel": c_loop(lambda: lib.launch_loop(CALLS, 1, stream)),
-        "C exchange dltensor_from_py": c_loop(lambda: pylib.dltensor_loop(CALLS, api, qw)),
-        "C exchange current_work_stream": c_loop(lambda: pylib.stream_loop(CALLS, api, dev)),
-        "C cudaGetDevice": c_loop(lambda: lib.get_device_loop(CALLS)),
-        "py qw.data_ptr()": (qw.data_ptr, CALLS),
-        "py host floor (_empty_launch)": (lambda: _C._empty_launch(dev, stream), CALLS),
-        "py dequantize(out=)": (lambda: awq.dequantize(qw, qz, sc, group_size=G, out=out), CALLS),
-        "py dequantize (allocating)": (lambda: awq.dequantize(qw, qz, sc, group_size=G), CALLS),
+        "C launch, runtime <<<>>>": lambda: lib.launch_loop(CALLS, 0, stream),
+        "C launch, driver cuLaunchKernel": lambda: lib.launch_loop(CALLS, 1, stream),
+        "C exchange dltensor_from_py": lambda: pylib.dltensor_loop(CALLS, api, qw),
+        "C exchange current_work_stream": lambda: pylib.stream_loop(CALLS, api, dev),
+        "C cudaGetDevice": lambda: lib.get_device_loop(CALLS),
+        "py qw.data_ptr()": python_loop(qw.data_ptr),
+        "py host floor (_empty_launch)": python_loop(lambda: _C._empty_launch(dev, stream)),
+        "py dequantize(out=)": python_loop(lambda: awq.dequantize(qw, qz, sc, group_size=G, out=out)),
+        "py dequantize (allocating)": python_loop(lambda: awq.dequantize(qw, qz, sc, group_size=G)),
     }
-    # The benchmark's own method: warm-up, then the cases in turn with the GPU
-    # asleep under them; a repeat where the GPU went idle is retried with a
-    # longer sleep (and marked if it stays idle).
-    measured = host_overhead(torch, torch.device("cuda", dev), cases, repeats=args.repeats,
-                             sleep_cycles=HOST_SLEEP_CYCLES)
-    print(f"{'host time per call (us)':34s} {'median':>7s} {'min':>6s} {'max':>6s}  GPU busy")
+    for fn in cases.values():
+        for _ in range(3):
+            if fn() < 0:
+                print("host_probe: a C loop failed", file=sys.stderr)
+                return 1
+    res = {name: [] for name in cases}
+    rng = random.Random(2)
+    for _ in range(args.repeats):
+        order = list(cases)
+        rng.shuffle(order)
+        for name in order:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100_000_000)
+            done = torch.cuda.Event()
+            done.record()
+            us = cases[name]()
+            if not done.query():  # the GPU was busy throughout: a host figure
+                res[name].append(us)
+            torch.cuda.synchronize()
+    print(f"{'host time per call (us)':34s} {'median':>7s} {'min':>6s} {'max':>6s} {'n':>3s}")
     med = {}
-    for name, e in measured.items():
-        if e["error"] is not None or not e["samples_us_per_call"]:
-            print(f"{name:34s} failed: {e['error']}")
+    for name, v in res.items():
+        if not v:
+            print(f"{name:34s} (the GPU went idle in every repeat)")
             continue
-        scale = CALLS if cases[name][1] == 1 else 1  # a C loop's sample is CALLS repetitions
-        v = sorted(x / scale for x in e["samples_us_per_call"])
+        v.sort()
         med[name] = statistics.median(v)
-        print(f"{name:34s} {med[name]:7.2f} {v[0]:6.2f} {v[-1]:6.2f}  "
-              f"{'yes' if e['all_busy'] else 'NOT always'}")
+        print(f"{name:34s} {med[name]:7.2f} {v[0]:6.2f} {v[-1]:6.2f} {len(v):3d}")
     try:
         above = med["py dequantize(out=)"] - med["py host floor (_empty_launch)"]
         parts = 4 * med["C exchange dltensor_from_py"] + med["C exchange current_work_stream"]
