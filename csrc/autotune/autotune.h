@@ -158,7 +158,9 @@ int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len);
  * On any failure the temp file is removed and a warning written. */
 int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len);
 
-/* Removes PATH under the same lock (for clear_cache).  Missing: fine. */
+/* Removes PATH under the same lock (for clear_cache).  Missing: fine.
+ * Both functions follow a PATH that is a symbolic link to the file it names
+ * and work there: the link stays a link. */
 int awq_cache_remove(const char *path, char *warn, size_t warn_len);
 
 /* ---- tuning ------------------------------------------------------------- */

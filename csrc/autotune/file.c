@@ -452,6 +452,41 @@ static int split_path(const char *path, char *dir, size_t dir_len, const char **
     return 0;
 }
 
+/* The file a path names, through symbolic links: a cache file that is a
+ * link (to a shared or versioned file) is updated where it points, and the
+ * link stays a link.  A dangling link resolves to the file it would name,
+ * which a save then creates.  0 with out filled, or -1 (too long, a loop). */
+static int resolve_links(const char *path, char *out, size_t out_len)
+{
+    char cur[PATH_MAX], target[PATH_MAX];
+    if (strlen(path) >= sizeof cur)
+        return -1;
+    strcpy(cur, path);
+    for (int hops = 0; hops < 40; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
+            if (strlen(cur) >= out_len)
+                return -1;
+            strcpy(out, cur);
+            return 0;
+        }
+        ssize_t n = readlink(cur, target, sizeof target - 1);
+        if (n <= 0)
+            return -1;
+        target[n] = '\0';
+        if (target[0] == '/') {
+            strcpy(cur, target);
+        } else { /* relative to the link's folder */
+            char *slash = strrchr(cur, '/');
+            size_t dlen = slash ? (size_t)(slash - cur) + 1 : 0;
+            if (dlen + (size_t)n >= sizeof cur)
+                return -1;
+            memmove(cur + dlen, target, (size_t)n + 1);
+        }
+    }
+    return -1; /* a loop of links */
+}
+
 /* mkdir -p.  0, or -1 with *err. */
 static int make_dirs(const char *dir, int *err)
 {
@@ -651,15 +686,16 @@ static void sync_dir(const char *dir)
     }
 }
 
-int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len)
+int awq_table_save(awq_table *t, const char *link_path, char *warn, size_t warn_len)
 {
     warn_sink w = warn_start(warn, warn_len);
-    char eb[128], dir[PATH_MAX], tmp[PATH_MAX + 64];
+    char eb[128], dir[PATH_MAX], tmp[PATH_MAX + 64], path[PATH_MAX];
     const char *base;
     int err = 0;
-    if (!t || !path || split_path(path, dir, sizeof dir, &base) != 0) {
+    if (!t || !link_path || resolve_links(link_path, path, sizeof path) != 0 ||
+        split_path(path, dir, sizeof dir, &base) != 0) {
         warnf(&w, "invalid autotune cache path %s; the results stay in memory",
-              path ? path : "(null)");
+              link_path ? link_path : "(null)");
         return 1;
     }
     if (make_dirs(dir, &err) != 0) {
@@ -744,14 +780,15 @@ done:
     return w.len && w.buf[0] ? 1 : 0;
 }
 
-int awq_cache_remove(const char *path, char *warn, size_t warn_len)
+int awq_cache_remove(const char *link_path, char *warn, size_t warn_len)
 {
     warn_sink w = warn_start(warn, warn_len);
-    char eb[128], dir[PATH_MAX];
+    char eb[128], dir[PATH_MAX], path[PATH_MAX];
     const char *base;
     int err = 0;
-    if (!path || split_path(path, dir, sizeof dir, &base) != 0) {
-        warnf(&w, "invalid autotune cache path %s", path ? path : "(null)");
+    if (!link_path || resolve_links(link_path, path, sizeof path) != 0 ||
+        split_path(path, dir, sizeof dir, &base) != 0) {
+        warnf(&w, "invalid autotune cache path %s", link_path ? link_path : "(null)");
         return 1;
     }
     struct stat st;
