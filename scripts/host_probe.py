@@ -23,7 +23,7 @@ import time
 import torch
 
 import awq_fast_dequant as awq
-from awq_fast_dequant import _C
+from awq_fast_dequant.bench import empty_launch
 
 CALLS = 200  # per timed batch: far fewer than the launch queue holds
 HERE = pathlib.Path(__file__).resolve().parent
@@ -44,7 +44,8 @@ def exchange_api() -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--repeats", type=int, default=21,
+                    help="shuffled repeats of every case (default 21)")
     args = ap.parse_args()
     if not torch.cuda.is_available() or not awq.cuda_available():
         print("host_probe: needs a CUDA GPU and a CUDA build of awq_fast_dequant", file=sys.stderr)
@@ -89,7 +90,7 @@ def main() -> int:
         "C exchange current_work_stream": lambda: pylib.stream_loop(CALLS, api, dev),
         "C cudaGetDevice": lambda: lib.get_device_loop(CALLS),
         "py qw.data_ptr()": python_loop(qw.data_ptr),
-        "py host floor (_empty_launch)": python_loop(lambda: _C._empty_launch(dev, stream)),
+        "py host floor (empty_launch)": python_loop(lambda: empty_launch(dev, stream)),
         "py dequantize(out=)": python_loop(lambda: awq.dequantize(qw, qz, sc, group_size=G, out=out)),
         "py dequantize (allocating)": python_loop(lambda: awq.dequantize(qw, qz, sc, group_size=G)),
     }
@@ -122,7 +123,7 @@ def main() -> int:
         med[name] = statistics.median(v)
         print(f"{name:34s} {med[name]:7.2f} {v[0]:6.2f} {v[-1]:6.2f} {len(v):3d}")
     try:
-        above = med["py dequantize(out=)"] - med["py host floor (_empty_launch)"]
+        above = med["py dequantize(out=)"] - med["py host floor (empty_launch)"]
         parts = 4 * med["C exchange dltensor_from_py"] + med["C exchange current_work_stream"]
         print(f"out= above the host floor: {above:.2f} us; of it, 4 tensors and the current stream "
               f"through the exchange API: {parts:.2f} us")

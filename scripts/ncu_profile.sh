@@ -21,6 +21,7 @@ shape=${1:-4096x14336}
 group=${2:-128}
 dtype=${3:-float16}
 outdir=${4:-ncu_out}
+here=$(cd "$(dirname "$0")" && pwd)  # ncu_launch.py and ncu_table.py sit beside this script
 PYTHON=${PYTHON:-python3}
 # Never import the package from a source checkout in the current folder (it
 # has no compiled _C): Python 3.11+ then leaves the cwd off sys.path.
@@ -39,7 +40,7 @@ if [[ -z "$NCU" ]]; then
     exit 2
 fi
 
-# Must match awq_fast_dequant/_bench_ncu.py METRICS (the table's columns).
+# Must match METRICS in scripts/ncu_table.py (the table's columns).
 metrics=(
     gpu__time_duration.sum
     dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -63,8 +64,8 @@ echo "profiling $KERNELS on ${shape} G=${group} ${dtype} with $NCU" >&2
     --kernel-name "regex:${KERNEL_REGEX}" \
     --metrics "$metric_list" \
     --export "$report" --force-overwrite \
-    "$PYTHON" -m awq_fast_dequant.bench --ncu-driver --device cuda \
-        --shapes "${shape}:${group}" --dtype "$dtype" --kernels "$KERNELS"
+    "$PYTHON" "$here/ncu_launch.py" --shape "${shape}:${group}" --dtype "$dtype" \
+        --kernels "$KERNELS"
 
 # Raw page, one row per kernel launch; base units (ns, bytes) where this ncu
 # has --print-units (the table reads the units row either way).
@@ -72,6 +73,5 @@ if ! "$NCU" --import "${report}.ncu-rep" --csv --page raw --print-units base > "
     "$NCU" --import "${report}.ncu-rep" --csv --page raw > "${report}.csv"
 fi
 
-"$PYTHON" -m awq_fast_dequant.bench --ncu-table "${report}.csv" --kernels "$KERNELS" \
-    --json "${report}.json"
+"$PYTHON" "$here/ncu_table.py" "${report}.csv" --kernels "$KERNELS" --json "${report}.json"
 echo "report: ${report}.ncu-rep, ${report}.csv, ${report}.json" >&2

@@ -17,9 +17,8 @@ import time
 import torch
 
 import awq_fast_dequant as awq
-from awq_fast_dequant._bench_impls import cuda_case, make_inputs
-from awq_fast_dequant._bench_timing import CudaTimer, cuda_copy_bandwidth
-from awq_fast_dequant.bench import PRESETS, bytes_moved
+from awq_fast_dequant.bench import (PRESETS, CudaTimer, bytes_moved, cuda_case,
+                                    cuda_copy_bandwidth, launch_config, make_inputs)
 
 SHAPES = [shape for preset in PRESETS.values() for shape in preset]
 G = 128
@@ -31,11 +30,16 @@ def inputs(K, N, dtype, dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--sweep", action="store_true", help="v4 over block sizes x rows")
+    ap = argparse.ArgumentParser(description="Quick GPU checks the benchmark does not make.")
+    ap.add_argument("--reps", type=int, default=30, help="timed launches per median (default 30)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
+                    help="scales and output dtype (default float16)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time v4 over block sizes x rows (default off)")
     args = ap.parse_args()
+    # A fresh autotune cache, so that smart_dequantize's first call tunes. The
+    # folder is read at the cache's first use, which comes later.
+    os.environ["AWQ_FAST_DEQUANT_CACHE_DIR"] = tempfile.mkdtemp()
     dev = torch.device("cuda")
     timer = CudaTimer(torch, dev, 512 << 20)
 
@@ -49,15 +53,13 @@ def main():
         for K, N in SHAPES:
             qw, qz, sc, out = inputs(K, N, args.dtype, dev)
             pct = 100 * bytes_moved(K, N, G, args.dtype) / 1e3 / copy_gbps
-            res = sorted((median_us(lambda b=block, r=rows: awq._C._launch_config(
+            res = sorted((median_us(lambda b=block, r=rows: launch_config(
                               qw, qz, sc, out, "v4", b, r)), block, rows)
                          for block in (64, 128, 256, 512) for rows in (2, 4, 8))
             print(f"{K:>5}x{N:<6} best: " + ", ".join(
                 f"b{b} r{r} {us:.2f}us ({pct / us:.0f}%)" for us, b, r in res[:4]), flush=True)
 
     # smart_dequantize: first call for a new shape (tunes) vs a cache hit
-    os.environ["AWQ_FAST_DEQUANT_CACHE_DIR"] = tempfile.mkdtemp()
-    awq._C._cache_reload()
     for K, N in SHAPES:
         qw, qz, sc, out = inputs(K, N, args.dtype, dev)
         torch.cuda.synchronize()

@@ -13,6 +13,7 @@ import torch
 
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
+from awq_fast_dequant.bench import launch_config
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -42,7 +43,7 @@ def main() -> int:
                         n += 1
                     if sdt == odt:  # v4's general kernel: 16 rows a thread, short tiles
                         got = t[2].new_empty((K, N))
-                        awq._C._launch_config(*t, got, "v4", 96, 16)
+                        launch_config(*t, got, "v4", 96, 16)
                         torch.cuda.synchronize()
                         reference.assert_bitexact(got, expect)
                         n += 1
@@ -56,7 +57,7 @@ def main() -> int:
     expect = reference.dequantize(qw, qz, sc)
     for rows in (2, 8):
         got = torch.empty((K, N), dtype=torch.float16, device="cuda")
-        awq._C._launch_config(qw, qz, sc, got, "v4", 64, rows)
+        launch_config(qw, qz, sc, got, "v4", 64, rows)
         torch.cuda.synchronize()
         reference.assert_bitexact(got, expect)
         n += 1

@@ -1,16 +1,23 @@
-"""Nsight Compute support for scripts/ncu_profile.sh: the driver that ncu
-runs (each CUDA kernel launched once, in a known order) and the parser
-that turns `ncu --csv --page raw` output into one side-by-side table."""
+"""The table of scripts/ncu_profile.sh: turns an `ncu --csv --page raw`
+export into one side-by-side table of the profiled kernels (and a JSON file).
+
+    python3 scripts/ncu_table.py REPORT.csv [--kernels v1,v2,v3,v4] [--json OUT.json]
+
+--kernels names the kernels in launch order; it labels kernels whose names do
+not say which they are. Exit status 1 when the export holds no kernel row."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import re
 import sys
 
-# The metrics the script collects, in table order: (metric, column title).
+from awq_fast_dequant.bench import text_table
+
+# The metrics scripts/ncu_profile.sh collects, in table order: (metric, column title).
 METRICS = (
     ("gpu__time_duration.sum", "duration"),
     ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %"),
@@ -25,24 +32,6 @@ METRICS = (
 )
 
 _KERNEL_ID = re.compile(r"awq_v([1-4])")
-
-
-def driver(shape, dtype: str, kernels: list[str], device: str) -> int:
-    """Launch each of `kernels` once on one shape, in order, for ncu to profile."""
-    import torch
-
-    from . import dequantize
-    from ._bench_impls import cuda_case, make_inputs
-
-    K, N, G = shape.K, shape.N, shape.G
-    dev = torch.device(device)
-    case = cuda_case(torch, dev, K, N, G, dtype, make_inputs(K, N, G, dtype, seed=0))
-    torch.cuda.synchronize(dev)
-    for k in kernels:
-        dequantize(case.qweight, case.qzeros, case.scales, group_size=G, out=case.out, kernel=k)
-        torch.cuda.synchronize(dev)
-        print(f"ncu driver: launched {k} on {K}x{N} G={G} {dtype}", flush=True)
-    return 0
 
 
 def _number(text: str):
@@ -127,16 +116,23 @@ def _scaled(value, unit: str) -> str:
 
 
 def format_table(records: list[dict]) -> str:
-    from ._bench_report import table
-
     headers = ["kernel"] + [title for _, title in METRICS]
     rows = [[r["label"]] + [_scaled(r["values"][m], r["units"].get(m, "")) for m, _ in METRICS]
             for r in records]
     names = "\n".join(f"  {r['label']}: {r['kernel_name']}" for r in records)
-    return table(headers, rows) + "\nkernels:\n" + names
+    return text_table(headers, rows) + "\nkernels:\n" + names
 
 
-def table_main(csv_path: str, kernels: list[str] | None, json_path: str | None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Side-by-side table of an `ncu --csv --page raw` "
+                                             "export of the dequantize kernels.")
+    ap.add_argument("csv", help="the `ncu --csv --page raw` export")
+    ap.add_argument("--kernels", default="v1,v2,v3,v4",
+                    help="the kernels in launch order (default v1,v2,v3,v4)")
+    ap.add_argument("--json", metavar="PATH", help="also write the table here (default: no JSON)")
+    args = ap.parse_args(argv)
+    csv_path, json_path = args.csv, args.json
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     with open(csv_path, encoding="utf-8", errors="replace") as f:
         rows, units = parse_raw_csv(f.read())
     records = table_rows(rows, units, kernels)
@@ -148,3 +144,7 @@ def table_main(csv_path: str, kernels: list[str] | None, json_path: str | None) 
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump({"source": csv_path, "kernels": records}, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

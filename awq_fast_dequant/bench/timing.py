@@ -1,4 +1,4 @@
-"""How the benchmark measures (DESIGN.md section 6).
+"""How the benchmark times (DESIGN.md section 6).
 
 - `CudaTimer` times one launch between a pair of CUDA events, after writing
   a buffer larger than twice the L2 cache so that every timed launch starts
@@ -6,7 +6,7 @@
 - `run_trials` runs T trials of R timed runs, the implementations in a fresh
   random order each trial, and checks each trial's result bit for bit.
 - `summarize` gives median, mean and the >15% median/mean flag.
-- Copy bandwidth (the roofline's ceiling) and host microseconds per call.
+- Copy bandwidth: the roofline's ceiling, measured in the same run.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class CpuTimer:
         pass
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     return text if len(text) < 500 else text[:497] + "..."
 
@@ -103,7 +103,7 @@ def warm_up(impls: dict, check, timer, calls: int = 2) -> dict[str, dict]:
             if check is not None:
                 entry["mismatches"], entry["note"] = check(result)
         except Exception as exc:  # recorded and reported, never fatal
-            entry["error"] = _error_text(exc)
+            entry["error"] = error_text(exc)
             try:
                 timer.sync()
             except Exception:
@@ -143,7 +143,7 @@ def run_trials(impls: dict, *, trials: int, runs: int, timer, rng: np.random.Gen
                 mismatches, note = check(result) if check is not None else (0, None)
                 del result
             except Exception as exc:
-                record["error"] = _error_text(exc)
+                record["error"] = error_text(exc)
                 try:
                     timer.sync()
                 except Exception:
@@ -221,98 +221,3 @@ def _copy_result(method: str, nbytes: int, samples: list, **extra) -> dict:
         "gbps": 2 * nbytes / (median * 1e3) if median > 0 else None,
         **extra,
     }
-
-
-# --------------------------------------------------------------------------
-# Host overhead: microseconds per call while the GPU is busy
-# --------------------------------------------------------------------------
-
-
-def _keep_gpu_busy(torch, device, cycles: int) -> None:
-    sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:
-        sleep(int(cycles))
-        return
-    # No _sleep in this torch: queue matrix products instead (~ cycles / 2e9 s).
-    a = torch.randn(4096, 4096, device=device, dtype=torch.float16)
-    for _ in range(max(1, int(cycles // 2e8))):
-        a = a @ a * 0.0001
-
-
-def host_overhead(torch, device, cases: dict[str, tuple[Callable[[], Any], int]], *,
-                  repeats: int, sleep_cycles: int, progress=None) -> dict:
-    """Host microseconds per call of each case, the GPU kept busy.
-
-    Every case is warmed up first (allocator, tuning, lazy init).  Then, for
-    each repeat, the cases take turns in a rotating order (so that no case
-    always runs first, on a colder CPU): synchronize, enqueue
-    torch.cuda._sleep(sleep_cycles) and an event behind it, time `calls`
-    calls with perf_counter_ns, then ask the event whether the GPU was still
-    sleeping.  Only then is no call waiting on the device; a repeat where the
-    GPU went idle is retried with a longer sleep, and kept but marked when it
-    stays idle.  `cases` maps name -> (fn, calls); calls stay well below the
-    launch queue's depth (about a thousand kernels), or the host would block.
-    """
-    names = list(cases)
-    out = {name: {"calls": cases[name][1], "samples_us_per_call": [], "gpu_busy": [],
-                  "sleep_cycles": [], "error": None, "attempts": 3} for name in names}
-
-    def fail(name, exc):
-        out[name]["error"] = _error_text(exc)
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:
-            pass
-
-    for name in names:
-        try:
-            for _ in range(3):
-                cases[name][0]()
-            torch.cuda.synchronize(device)
-        except Exception as exc:
-            fail(name, exc)
-
-    for rep in range(repeats):
-        for i in range(len(names)):
-            name = names[(i + rep) % len(names)]
-            entry = out[name]
-            if entry["error"] is not None:
-                continue
-            fn, calls = cases[name]
-            cycles = sleep_cycles
-            try:
-                for _attempt in range(entry["attempts"]):
-                    torch.cuda.synchronize(device)
-                    _keep_gpu_busy(torch, device, cycles)
-                    busy = torch.cuda.Event()
-                    busy.record()
-                    t0 = time.perf_counter_ns()
-                    for _ in range(calls):
-                        fn()
-                    t1 = time.perf_counter_ns()
-                    still_busy = not busy.query()
-                    torch.cuda.synchronize(device)
-                    if still_busy:
-                        break
-                    cycles *= 4
-                else:
-                    # Longer sleeps did not help: the calls themselves wait on the
-                    # device (a synchronizing op). Keep measuring, without retries.
-                    entry["attempts"] = 1
-            except Exception as exc:
-                fail(name, exc)
-                continue
-            entry["samples_us_per_call"].append((t1 - t0) / 1000.0 / calls)
-            entry["gpu_busy"].append(still_busy)
-            entry["sleep_cycles"].append(cycles)
-
-    for name in names:
-        entry = out[name]
-        del entry["attempts"]
-        samples = entry["samples_us_per_call"]
-        entry["median_us"] = statistics.median(samples) if samples else None
-        entry["min_us"] = min(samples) if samples else None
-        entry["all_busy"] = bool(samples) and all(entry["gpu_busy"])
-        if progress is not None:
-            progress.update(1)
-    return out

@@ -1,0 +1,75 @@
+"""What every stage does with a set of implementations on one layer: warm
+them up, time the trials, and turn the raw samples into the records the
+report and the JSON show."""
+
+from __future__ import annotations
+
+from .impls import Impl, role
+from .shapes import Shape
+from .timing import run_trials, summarize, warm_up
+
+
+def time_impls(ctx, impls: dict[str, Impl], check):
+    """Warm every implementation up, then time the trials of those that ran:
+    (warm-up records, trial records, run orders)."""
+    cfg = ctx.cfg
+    warm = warm_up(impls, check, ctx.backend.timer)
+    raw, orders = run_trials(impls, trials=cfg.trials, runs=cfg.runs, timer=ctx.backend.timer,
+                             rng=ctx.rng, check=check, progress=ctx.bar,
+                             skip={n for n, w in warm.items() if w["error"]})
+    return warm, raw, orders
+
+
+def records(impls: dict[str, Impl], warm: dict, raw: dict, bytes_: int, copy_gbps,
+            registered: dict) -> dict[str, dict]:
+    """Per implementation: raw samples, statistics, GB/s, % of copy, bit-exactness.
+
+    bitexact is None when nothing was checked (an error before any result),
+    else True only when the warm-up and every trial matched the reference.
+    """
+    recs = {}
+    for name, impl in impls.items():
+        r = raw.get(name, {"samples_us": [], "mismatches": [], "notes": [], "error": None})
+        w = warm.get(name, {})
+        error = w.get("error") or r.get("error")
+        stats = summarize(r["samples_us"])
+        median = stats.get("median_us")
+        gbps = bytes_ / (median * 1e3) if median else None
+        mism = list(r["mismatches"])
+        notes = list(r["notes"]) + ([w["note"]] if w.get("note") else [])
+        bitexact = None
+        if error is None and (mism or w):
+            bitexact = not any(mism) and not w.get("mismatches")
+        recs[name] = {
+            "role": role(name, registered),
+            "ours": impl.ours,
+            "call": impl.note,
+            "warmup": w,
+            "samples_us": r["samples_us"],
+            "mismatches": mism,
+            "notes": sorted(set(notes)),
+            "error": error,
+            "stats": stats,
+            "gbps": gbps,
+            "pct_copy": (100.0 * gbps / copy_gbps) if gbps and copy_gbps else None,
+            "bitexact": bitexact,
+        }
+    return recs
+
+
+def smart_pick(ctx, shape: Shape) -> dict | None:
+    """The autotune cache entry smart_dequantize uses for this layer, if any."""
+    from .. import build_info, cache_entries
+
+    try:
+        entries = cache_entries()
+        gen = build_info()["kernel_generations"][ctx.kind]  # the entries this build uses
+    except Exception:
+        return None
+    dtype = ctx.cfg.dtype
+    match = [e for e in entries
+             if e.get("K") == shape.K and e.get("N") == shape.N and e.get("G") == shape.G
+             and e.get("scales_dtype") == dtype and e.get("out_dtype") == dtype
+             and str(e.get("device", "")).startswith("cpu") == (ctx.kind == "cpu")
+             and e.get("gen") == gen]
+    return dict(match[-1]) if match else None
