@@ -1,7 +1,6 @@
 """The CUDA backend: every kernel against the NumPy reference, streams,
 graphs, devices, frameworks.  Skipped without a usable GPU."""
 
-import json
 import os
 import subprocess
 import sys
@@ -383,48 +382,3 @@ def test_torch_allocates_through_its_allocator(rng):
     assert torch.cuda.memory_allocated() - before >= got.numel() * 2
     check(got, qw, qz, sc)
 
-
-def _bench_floor(tmp_path, monkeypatch):
-    from awq_fast_dequant import bench
-    monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "bench.json"
-    code = bench.main(["--device", "cuda", "--shapes", "256x1024", "--kernels", "v4,smart",
-                       "--trials", "2", "--runs", "3", "--flush-mib", "64", "--copy-mib", "64",
-                       "--no-host", "--no-progress", "--json", str(path)])
-    with open(path, encoding="utf-8") as f:
-        return code, json.load(f)
-
-
-def test_bench_launch_floor_and_floor_model(tmp_path, monkeypatch):
-    """The CUDA benchmark times v4 on a 1x8 layer as its launch floor, checks
-    it bit for bit, and gives each layer its floor model: that time plus the
-    layer's bytes at the run's copy bandwidth."""
-    code, r = _bench_floor(tmp_path, monkeypatch)
-    assert code == 0
-    floor = r["launch_floor"]
-    assert (floor["K"], floor["N"], floor["G"]) == (1, 8, 1)
-    assert floor["error"] is None and floor["bitexact"] is True
-    assert len(floor["samples_us"]) == 2 and all(len(t) == 3 for t in floor["samples_us"])
-    assert floor["median_us"] > 0
-    shape = r["shapes"][0]
-    gbps = r["copy_bandwidth"]["gbps"]
-    assert shape["floor_model_us"] == pytest.approx(floor["median_us"] + shape["bytes"] / (gbps * 1e3))
-    for rec in shape["implementations"].values():
-        assert rec["over_floor_us"] == pytest.approx(rec["stats"]["median_us"] - shape["floor_model_us"])
-
-
-def test_bench_fails_when_the_launch_floor_is_wrong(tmp_path, monkeypatch):
-    real = awq.dequantize
-
-    def wrong_on_one_word(qw, qz, sc, **kw):
-        out = real(qw, qz, sc, **kw)
-        if qw.shape[0] == 1:
-            out[0, 3] += 1
-        return out
-
-    monkeypatch.setattr(awq, "dequantize", wrong_on_one_word)
-    code, r = _bench_floor(tmp_path, monkeypatch)
-    assert code == 1
-    assert r["launch_floor"]["bitexact"] is False
-    assert "launch floor: not bit-exact" in r["summary"]["failures"]
-    assert r["shapes"][0]["implementations"]["v4"]["bitexact"] is True
