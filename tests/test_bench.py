@@ -331,6 +331,18 @@ def test_ncu_table_without_kernel_rows_fails(tmp_path, capsys):
     assert "no kernel rows" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(awq.cuda_available(), reason="needs a machine without a usable GPU")
+def test_empty_launch_without_gpu_is_an_error():
+    """The benchmark's floor entry on a machine with no GPU (or a CPU-only
+    build) raises RuntimeError; it never crashes or launches."""
+    with pytest.raises(RuntimeError, match="CUDA"):
+        bench.empty_launch(0, 0)
+    with pytest.raises(ValueError, match="device must be a CUDA device index"):
+        bench.empty_launch(-1, 0)
+    with pytest.raises(ValueError, match="stream must be a non-negative handle"):
+        bench.empty_launch(0, -1)
+
+
 # --------------------------------------------------------------------------
 # CUDA: the launch floor and the floor model
 # --------------------------------------------------------------------------
