@@ -147,10 +147,10 @@ template <class S, bool VEC> __device__ __forceinline__ ScaleBits<S> load_scales
 
 /* How a kernel touches memory: element by element (any alignment), or with
  * 16-byte accesses whose output stores either stream past L2 (st.global.cs,
- * evict-first) or go through it as ordinary write-back stores.  Measured on
- * an H200 (docs/KERNELS.md): write-back is 1-2% faster once the output is
- * larger than a few MB (L2 drains it in longer bursts), streaming is ~6%
- * faster when it fits in L2 many times over.  The host picks per launch. */
+ * evict-first) or go through it as ordinary write-back stores.  Write-back
+ * wins once the output is larger than a few MB (L2 drains it in longer
+ * bursts); streaming wins when it fits in L2 many times over
+ * (docs/KERNELS.md has the figures).  The host picks per launch. */
 enum Access { kAccScalar = 0, kAccStream = 1, kAccWriteBack = 2 };
 
 /* Why: one 16-byte store with the cache policy of the access mode. */
@@ -414,9 +414,8 @@ template <class S, class O, int ACC> __global__ void __launch_bounds__(kMaxBlock
  * Every tile is exactly RB = R <= 8 rows (R divides G), one unit per block,
  * and every index is a 32-bit word index (K * N/8 < 2^32): the thread's
  * whole job is straight-line code of a dozen integer instructions before
- * its loads leave, about 32 registers, full occupancy.  Measured on the
- * H200 (docs/KERNELS.md): 1-4% faster than the general kernel on every
- * DESIGN.md shape. */
+ * its loads leave, about 32 registers, full occupancy (docs/KERNELS.md
+ * compares it with the general kernel). */
 struct V4LeanArgs {
     const uint32_t *qweight;
     const uint32_t *qzeros;
@@ -440,13 +439,11 @@ __device__ __forceinline__ uint32_t divide32(uint32_t n, uint32_t m, uint32_t l)
 /* Why: on the large layers (write-back mode, several waves of blocks) DRAM
  * moves more bytes per second when more reads are in flight than the resident
  * threads' own loads; more rows per thread would add them at the cost of
- * registers and longer store bursts per SM (both measured slower).  Instead
- * each thread asks L2 for the qweight rows of the same lane in the unit one
- * wave ahead -- the block that will run in this one's place -- with a
- * fire-and-forget prefetch that holds no register; that block then finds
- * its rows in L2.  Measured on an H200 (docs/KERNELS.md): 1.5-2.5% faster on
- * the 8B and 8192x8192 layers, 0.6-1.5% on the 70B ones, level with or past
- * the plain-traffic kernel; a distance of 0.75 to 1.5 waves does about as well. */
+ * registers and longer store bursts per SM.  Instead each thread asks L2
+ * for the qweight rows of the same lane in the unit one wave ahead -- the
+ * block that will run in this one's place -- with a fire-and-forget
+ * prefetch that holds no register; that block then finds its rows in L2
+ * (docs/KERNELS.md, "L2 prefetch one wave ahead"). */
 template <int RB> __device__ __forceinline__ void prefetch_ahead(const V4LeanArgs &a, uint32_t u)
 {
     if (a.ahead == 0 || a.units - u <= a.ahead) return; /* no unit that far ahead */
@@ -689,25 +686,18 @@ void default_config(const awq_problem *p, awq_config *c)
     c->rows = 2;
     if (!p || p->K <= 0 || p->N <= 0 || p->G < 1 || p->K % p->G != 0 || p->N % kColsPerWord != 0) return;
 
-    /* Measured on an H200 (docs/KERNELS.md), lean kernel, blocks {64..512} x
-     * rows {1, 2, 4, 8}, layers of 0.4M to 235M elements; without the
-     * prefetch (below), 64-thread blocks were within about 0.15 us or 0.4% of
-     * the best block size everywhere.
+    /* The defaults and the measurements behind them: docs/KERNELS.md,
+     * "Default configuration" and "Block size with the prefetch".
      * - Large layers (> 32M elements) are bound by DRAM: 2 rows a thread.
      *   More rows in flight per SM cost DRAM efficiency; fewer re-read each
      *   group's zeros and scales from L2 for every row.
      * - Smaller layers are bound by latency: 4 rows a thread (4 loads in
      *   flight) while the launch fits in one wave of resident threads, else
-     *   8 rows, which halves the threads.  The switch is where 4 rows stop
-     *   fitting: on an H200, between 8.4M elements (4 rows best) and 9.4M
-     *   (8 rows 9% faster).  Fewer than 4 rows never helped.
-     * - With the prefetch one wave ahead (large layers), 512-thread blocks
-     *   beat 64 by 0.2-1.7% on the large layers (two benchmark sweeps; a
-     *   harness run agreed within its noise): each block's rows, and the
-     *   rows it prefetches, are 2 KB runs of qweight.  Halved while more
-     *   than 1/8 of the last column block's lanes would idle (W = N/8 not a
-     *   multiple of the block: at W = 512, 1024-thread blocks ran 16%
-     *   slower). */
+     *   8 rows, which halves the threads.
+     * - With the prefetch one wave ahead (large layers), 512-thread blocks:
+     *   each block's rows, and the rows it prefetches, are 2 KB runs of
+     *   qweight.  Halved while more than 1/8 of the last column block's
+     *   lanes would idle (W = N/8 not a multiple of the block). */
     int block = 64;
     int rows = 2;
     if (p->K * p->N <= (32ll << 20)) {

@@ -101,15 +101,15 @@ int64_t device_resident_blocks(int dev, int block);
  * Every kernel goes out through launch<kernel>(grid, block, stream, args):
  * the driver's cuLaunchKernel on the kernel's context-independent handle
  * (cudaGetKernel), both found once through the runtime, so nothing links
- * against libcuda.  On an H200 host that costs 0.1-0.3 us less per launch
- * than the runtime's <<<>>> and cudaGetLastError (docs/KERNELS.md,
- * "Launching").  Anything else -- a runtime older than 12.5,
- * a driver without the entry point, a thread with no current context yet, a
- * failed launch -- goes through the runtime's cudaLaunchKernel, which binds
- * the current device's primary context and reports the runtime's own error
- * for a launch that cannot run.  A failed cuLaunchKernel enqueues nothing,
- * so the retry never runs a kernel twice.  AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1
- * (read once per process) keeps every launch on the runtime path.
+ * against libcuda.  That costs less per launch than the runtime's <<<>>>
+ * and cudaGetLastError (docs/KERNELS.md, "Launching", has the figures).
+ * Anything else -- a runtime older than 12.5, a driver without the entry
+ * point, a thread with no current context yet, a failed launch -- goes
+ * through the runtime's cudaLaunchKernel, which binds the current device's
+ * primary context and reports the runtime's own error for a launch that
+ * cannot run.  A failed cuLaunchKernel enqueues nothing, so the retry never
+ * runs a kernel twice.  AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1 (read once per
+ * process) keeps every launch on the runtime path.
  */
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
 #define AWQ_DRIVER_LAUNCH 1
