@@ -147,7 +147,7 @@ int awq_parse_kernel(PyObject *o, int *kernel)
     if (s == NULL)
         return -1;
     awq_kernel k;
-    if (awq_kernel_parse(s, &k) == 0) {
+    if (awq_kernel_parse(s, &k) == 0 && k <= AWQ_KERNEL_CPU) { /* the dequantize kernels */
         *kernel = (int)k;
         return 0;
     }

@@ -39,8 +39,8 @@ int awq_parse_int(PyObject *o, const char *name, long long *value);
 /* out_dtype: a name, a NumPy dtype or scalar type, or a torch dtype. */
 int awq_parse_dtype(PyObject *o, const char *name, awq_dtype *out);
 
-/* kernel: a str naming one of the kernels (TypeError for a non-str,
- * ValueError for an unknown name). */
+/* kernel: a str naming one of dequantize's kernels (TypeError for a
+ * non-str, ValueError for an unknown name). */
 int awq_parse_kernel(PyObject *o, int *kernel);
 
 /* ---- problems (validate.c) ---- */

@@ -75,22 +75,28 @@ static inline int awq_dtype_parse(const char *name, awq_dtype *out)
 static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u; }
 
 /* ---- kernels ------------------------------------------------------------
- * AUTO resolves to V4 on CUDA and CPU on the host. */
+ * dequantize: AUTO resolves to V4 on CUDA and CPU on the host.
+ * linear: CPU (the host's fused kernel), SIMT (CUDA cores), MMA (tensor
+ * cores), DEQUANT (dequantize into a buffer + the framework's matmul). */
 typedef enum {
     AWQ_KERNEL_AUTO = 0,
-    AWQ_KERNEL_V1 = 1,  /* one thread per output element */
-    AWQ_KERNEL_V2 = 2,  /* one thread per packed word, fixed block size */
-    AWQ_KERNEL_V3 = 3,  /* v2 with a runtime block size */
-    AWQ_KERNEL_V4 = 4,  /* production kernel: row tiles inside a group, 16-byte accesses */
-    AWQ_KERNEL_CPU = 5, /* host backend */
+    AWQ_KERNEL_V1 = 1,      /* one thread per output element */
+    AWQ_KERNEL_V2 = 2,      /* one thread per packed word, fixed block size */
+    AWQ_KERNEL_V3 = 3,      /* v2 with a runtime block size */
+    AWQ_KERNEL_V4 = 4,      /* production kernel: row tiles inside a group, 16-byte accesses */
+    AWQ_KERNEL_CPU = 5,     /* host backend */
+    AWQ_KERNEL_SIMT = 6,    /* linear: fused, CUDA cores */
+    AWQ_KERNEL_MMA = 7,     /* linear: fused, tensor cores (mma.sync, sm_80+) */
+    AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
 } awq_kernel;
 
-#define AWQ_NUM_KERNELS 6
+#define AWQ_NUM_KERNELS 9
 
 /* The one table of kernel names; NULL for an id out of range. */
 static inline const char *awq_kernel_name(int k)
 {
-    static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1", "v2", "v3", "v4", "cpu"};
+    static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1",   "v2",  "v3",     "v4",
+                                                       "cpu",  "simt", "mma", "dequant"};
     return k >= 0 && k < AWQ_NUM_KERNELS ? names[k] : NULL;
 }
 
@@ -140,14 +146,39 @@ typedef struct {
     void *stream; /* cudaStream_t on that device; NULL is the legacy default stream */
 } awq_problem;
 
-/* A launch configuration.  Zero in any field means "the kernel's default". */
+/* One fused linear problem, y = x @ W + bias with W = dequantize(qweight,
+ * qzeros, scales) in x's dtype ([K, N]): validated views, nothing owned.
+ * Products and sums in float32, bias added in float32, one rounding to the
+ * dtype (DESIGN.md section 7). */
+typedef struct {
+    const void *x;           /* [M, K], dtype */
+    const uint32_t *qweight; /* [K, N/8] */
+    const uint32_t *qzeros;  /* [K/G, N/8] */
+    const void *scales;      /* [K/G, N], dtype */
+    const void *bias;        /* [N], dtype; NULL: no bias */
+    void *y;                 /* [M, N], dtype */
+    int64_t M;               /* rows of x and y (the product of x's leading dimensions) */
+    int64_t K;               /* in_features */
+    int64_t N;               /* out_features, a multiple of 8 */
+    int64_t G;               /* group size, divides K */
+    awq_dtype dtype;         /* of x, scales, bias and y */
+    int device;              /* -1: host memory; >= 0: CUDA device ordinal */
+    void *stream;            /* cudaStream_t on that device; NULL is the legacy default stream */
+} awq_linear_problem;
+
+/* A launch configuration.  Zero in any field means "the kernel's default".
+ * What a field means depends on the kernel (its backend documents it). */
 typedef struct {
     int kernel;     /* awq_kernel */
-    int block_size; /* CUDA threads per block (v3, v4); must be a multiple of 32 in [32, 1024] */
-    int rows;       /* v4: rows of one group handled per thread: a power of two up to 64 */
+    int block_size; /* CUDA threads per block; a multiple of 32 in [32, 1024] */
+    int rows;       /* v4: rows of one group per thread; mma: m16 tiles per warp; a power of two up to 64 */
+    int split;      /* linear: slices of K reduced in a fixed order (CUDA: blocks of a cluster) */
     int threads;    /* CPU: worker threads */
-    int64_t chunk;  /* CPU: rows per work item */
+    int64_t chunk;  /* CPU: rows (dequantize) or columns (linear) per work item */
 } awq_config;
+
+/* Splits of K a configuration may ask for. */
+#define AWQ_MAX_SPLIT 64
 
 /* Output elements the problem writes: K * N. */
 static inline int64_t awq_numel(const awq_problem *p) { return p->K * p->N; }

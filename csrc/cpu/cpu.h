@@ -18,6 +18,14 @@ extern "C" {
 
 awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
 
+/* The fused linear on the host (cpu/linear.c): y = x @ W + bias, W computed
+ * from the packed words on the fly (exactly dequantize's values), float32
+ * products and sums, one rounding.  c->threads: worker threads (0 = all);
+ * c->chunk: output columns per work item, a multiple of 8 (0 = the
+ * default).  Deterministic: the order of every sum is fixed by the problem
+ * and the configuration, never by the threads' timing. */
+awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
+
 /* ---- the platform (cpu/platform.c) ---- */
 
 int awq_cpu_has_openmp(void);

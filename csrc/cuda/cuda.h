@@ -70,6 +70,26 @@ awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cu
  * many. */
 int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap);
 
+/* Launch one fused linear (kernel AWQ_KERNEL_MMA or AWQ_KERNEL_SIMT;
+ * cuda/linear.cu documents the other fields) on p->stream of p->device.
+ * Zero fields of *c take the defaults.  AWQ_ERR_CONFIG when the
+ * configuration cannot run this problem (for example MMA before sm_80). */
+awq_status awq_cuda_linear(const awq_linear_problem *p, const awq_config *c, int *detail);
+
+/* The configuration a fused linear uses when nothing is tuned: the fastest
+ * fused kernel that can run the problem on its device, with its measured
+ * defaults. */
+awq_status awq_cuda_linear_default(const awq_linear_problem *p, awq_config *c, int *detail);
+
+/* Fused configurations worth timing for this problem, the default first;
+ * returns how many (at most cap). */
+int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
+
+/* Like awq_cuda_time, for a fused linear configuration. */
+awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c,
+                                const awq_cuda_flush *flush, int warmup, int iters, float *ms,
+                                int *detail);
+
 #ifdef __cplusplus
 }
 #endif

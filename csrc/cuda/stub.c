@@ -92,3 +92,41 @@ int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap)
     (void)cap;
     return 0;
 }
+
+awq_status awq_cuda_linear(const awq_linear_problem *p, const awq_config *c, int *detail)
+{
+    (void)p;
+    (void)c;
+    *detail = 0;
+    return AWQ_ERR_NO_CUDA;
+}
+
+awq_status awq_cuda_linear_default(const awq_linear_problem *p, awq_config *c, int *detail)
+{
+    (void)p;
+    memset(c, 0, sizeof *c);
+    *detail = 0;
+    return AWQ_ERR_NO_CUDA;
+}
+
+int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
+{
+    (void)p;
+    (void)configs;
+    (void)cap;
+    return 0;
+}
+
+awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c,
+                                const awq_cuda_flush *flush, int warmup, int iters, float *ms,
+                                int *detail)
+{
+    (void)p;
+    (void)c;
+    (void)flush;
+    (void)warmup;
+    (void)iters;
+    *ms = 0.0f;
+    *detail = 0;
+    return AWQ_ERR_NO_CUDA;
+}
