@@ -16,11 +16,31 @@ SWEEP_KG = tuple((G * m, G) for G in (32, 64, 128) for m in (1, 2, 7)) + tuple(
 SWEEP_N = (8, 16, 136, 4104)
 
 
+# One packed word of DESIGN.md section 1, written out by hand. qweight word 0xBE0F92A7;
+# its nibbles, least significant first:
+#     nibble   0  1  2  3  4  5  6  7
+#     value    7 10  2  9 15  0 14 11
+# Column j reads nibble REVERSE[j] = [0, 4, 1, 5, 2, 6, 3, 7][j]:
+#     column   0  1  2  3  4  5  6  7
+#     q        7 15 10  0  2 14  9 11
+# qzeros word 0x12345678: nibbles 8 7 6 5 4 3 2 1, so by column:
+#     z        8  4  7  3  6  2  5  1
+WORKED_QWEIGHT = 0xBE0F92A7
+WORKED_QZEROS = 0x12345678
+WORKED_Q = (7, 15, 10, 0, 2, 14, 9, 11)
+WORKED_Z = (8, 4, 7, 3, 6, 2, 5, 1)
+
+
 def np_dtype(name):
     if name == "bfloat16":
         ml_dtypes = pytest.importorskip("ml_dtypes")
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+def words(*values):
+    """A packed-word array (int32) from unsigned 32-bit values."""
+    return np.array(values, dtype=np.uint32).view(np.int32)
 
 
 def random_words(rng, shape, dtype=np.int32):
