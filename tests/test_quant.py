@@ -193,3 +193,96 @@ def test_quantize_torch_returns_torch():
         check_round_trip(weight.to(dtype).float().numpy(), qweight.numpy(), qzeros.numpy(),
                          scales, 32)
 
+
+
+# --- inputs every function refuses the same way ----------------------------
+
+# (function, the name its errors give the argument, a valid 2-D input of 8 columns)
+FUNCTIONS = [
+    (quant.pack, "intweights", np.zeros((2, 8), np.int32)),
+    (quant.unpack, "qweight", np.zeros((2, 8), np.int32)),
+    (lambda w: quant.quantize(w, group_size=2), "weight", np.zeros((2, 8), np.float32)),
+]
+FUNCTION_IDS = ["pack", "unpack", "quantize"]
+
+
+@pytest.mark.parametrize("fn,name,valid", FUNCTIONS, ids=FUNCTION_IDS)
+def test_non_native_byte_order_is_refused_like_dequantize(fn, name, valid):
+    fn(valid)  # the same array in native byte order is fine
+    swapped = valid.astype(valid.dtype.newbyteorder("S"))
+    before = swapped.copy()
+    with pytest.raises(TypeError, match=rf"^{name} has non-native byte order; convert it with "
+                                        r"arr\.astype\(arr\.dtype\.newbyteorder\('='\)\)$"):
+        fn(swapped)
+    assert np.array_equal(swapped, before)
+
+
+@pytest.mark.parametrize("fn,name,valid", FUNCTIONS, ids=FUNCTION_IDS)
+@pytest.mark.parametrize("unreadable", [None, object(), [[1, 2], [3]]],
+                         ids=["None", "object", "ragged list"])
+def test_what_numpy_cannot_read_is_a_type_error(fn, name, valid, unreadable):
+    with pytest.raises(TypeError, match=f"^{name} must be "):
+        fn(unreadable)
+
+
+@pytest.mark.parametrize("fn,name,valid", FUNCTIONS, ids=FUNCTION_IDS)
+def test_meta_tensor_is_a_type_error(fn, name, valid):
+    torch = pytest.importorskip("torch")
+    meta = torch.from_numpy(valid).to("meta")
+    with pytest.raises(TypeError, match=f"^{name} is a meta tensor"):
+        fn(meta)
+
+
+@pytest.mark.parametrize("fn,name,valid", FUNCTIONS, ids=FUNCTION_IDS)
+def test_sparse_tensor_is_a_type_error(fn, name, valid):
+    torch = pytest.importorskip("torch")
+    sparse = torch.from_numpy(valid).to_sparse()
+    with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor.*to_dense"):
+        fn(sparse)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bfloat16", "complex64"])
+@pytest.mark.parametrize("fn,name", [(quant.pack, "intweights"), (quant.unpack, "qweight")],
+                         ids=["pack", "unpack"])
+def test_torch_types_that_are_not_words(fn, name, dtype):
+    """Types NumPy lacks (float8, bfloat16) or that hold no integers are refused by
+    name, not by NumPy's or torch's own error."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros((2, 8)).to(getattr(torch, dtype))
+    with pytest.raises(TypeError, match=f"^{name} must be .*; got {dtype}$"):
+        fn(t)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "complex64"])
+def test_torch_types_that_are_not_weights(dtype):
+    torch = pytest.importorskip("torch")
+    t = torch.zeros((2, 8)).to(getattr(torch, dtype))
+    with pytest.raises(TypeError, match="^weight must be float16, bfloat16, float32 or float64; "
+                                        f"got {dtype}$"):
+        quant.quantize(t, group_size=2)
+
+
+def test_quantize_reads_a_lazily_negated_tensor():
+    """.imag of a conjugated view is a tensor with torch's negative bit set, which
+    .numpy() refuses; quantize reads its values."""
+    torch = pytest.importorskip("torch")
+    z = torch.randn(64, 16, dtype=torch.complex64, generator=torch.Generator().manual_seed(13))
+    lazy = z.conj().imag
+    assert lazy.is_neg()
+    for got, want in zip(quant.quantize(lazy, group_size=32),
+                         quant.quantize(-z.imag.clone(), group_size=32)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("group_size", [32.0, True, "32"])
+def test_group_size_must_be_an_int(group_size):
+    with pytest.raises(TypeError, match=f"^group_size must be an int .*got "
+                                        f"{type(group_size).__name__}$"):
+        quant.quantize(np.zeros((64, 8), np.float32), group_size=group_size)
+
+
+def test_group_size_takes_numpy_integers():
+    weight = np.random.default_rng(14).standard_normal((64, 8)).astype(np.float32)
+    for x, y in zip(quant.quantize(weight, group_size=np.int64(32)),
+                    quant.quantize(weight, group_size=32)):
+        np.testing.assert_array_equal(x, y)
