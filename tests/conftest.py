@@ -1,11 +1,14 @@
-"""Shared helpers: random AWQ problems in NumPy, and dtype plumbing."""
+"""Shared helpers: random AWQ problems (NumPy and torch), the hand-worked packed word,
+dtype plumbing, child processes, threads."""
 
+import os
 import threading
 
 import numpy as np
 import pytest
 
 import awq_fast_dequant as awq
+from awq_fast_dequant._frameworks import numpy_dtype
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -32,10 +35,10 @@ WORKED_Z = (8, 4, 7, 3, 6, 2, 5, 1)
 
 
 def np_dtype(name):
+    """The NumPy dtype of a type name; skips the test where bfloat16 needs ml_dtypes."""
     if name == "bfloat16":
-        ml_dtypes = pytest.importorskip("ml_dtypes")
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+        pytest.importorskip("ml_dtypes")
+    return numpy_dtype(name)
 
 
 def words(*values):
@@ -64,21 +67,26 @@ def make_problem(rng, K, N, G, scale_dtype="float16", word_dtype=np.int32, speci
     return qw, qz, sc.astype(np_dtype(scale_dtype))
 
 
+def torch_problem(rng, K, N, G, scale_dtype="float16", device="cpu"):
+    """make_problem as torch tensors on `device`, the scales rounded to scale_dtype by
+    torch (bfloat16 included, with or without ml_dtypes)."""
+    torch = pytest.importorskip("torch")
+    qw, qz, sc = make_problem(rng, K, N, G, "float32")
+    return (torch.from_numpy(qw).to(device), torch.from_numpy(qz).to(device),
+            torch.from_numpy(sc).to(device, getattr(torch, scale_dtype)))
+
+
 @pytest.fixture
 def rng(request):
     # a fresh, reproducible stream per test
     return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
 
 
-def bits(a):
-    return awq.reference.to_bits(a)
-
-
 def child_env(**extra):
     """Environment for a child Python: it imports the same awq_fast_dequant as
-    this process (installed, or an in-place build) whatever its cwd."""
-    import os
-
+    this process (installed, or an in-place build). Run the child in a folder
+    other than the repository root: sys.path[0] (the cwd for -c and -m) comes
+    before PYTHONPATH, and the source folder there would shadow the package."""
     home = os.path.dirname(os.path.dirname(os.path.abspath(awq.__file__)))
     env = dict(os.environ, **extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p)
