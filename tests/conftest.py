@@ -1,7 +1,9 @@
 """Shared helpers: random AWQ problems (NumPy and torch), the hand-worked packed word,
-dtype plumbing, child processes, threads."""
+dtype plumbing, child processes, threads; and a summary of why tests were skipped."""
 
+import collections
 import os
+import re
 import threading
 
 import numpy as np
@@ -111,3 +113,26 @@ def run_threads(n, fn):
     for t in threads:
         t.join()
     return errors
+
+
+def skip_reason(report):
+    """Why a test was skipped, as a group name: pytest's reason without its
+    "Skipped: " prefix; importorskip's "could not import 'torch': ..." is "needs torch"."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ").strip()
+    missing = re.match(r"could not import '([^']+)'", reason)
+    return f"needs {missing.group(1)}" if missing else reason
+
+
+def skip_summary(reasons):
+    """One line: how many tests skipped, grouped by reason, largest group first."""
+    counts = collections.Counter(reasons)
+    groups = ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
+    return f"skipped: {sum(counts.values())} -- {groups}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        terminalreporter.write_line(skip_summary(skip_reason(r) for r in skipped))
