@@ -78,6 +78,22 @@ def torch_problem(rng, K, N, G, scale_dtype="float16", device="cpu"):
             torch.from_numpy(sc).to(device, getattr(torch, scale_dtype)))
 
 
+class DLPackOnly:
+    """A producer that speaks only the DLPack protocol (no NumPy, no exchange API)."""
+
+    def __init__(self, arr, legacy=False):
+        self.arr, self.legacy, self.calls = arr, legacy, []
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **kw):
+        self.calls.append(dict(stream=stream, **kw))
+        if self.legacy and "max_version" in kw:
+            raise TypeError("unexpected keyword argument 'max_version'")
+        return self.arr.__dlpack__(stream=stream, **kw)
+
+
 @pytest.fixture
 def rng(request):
     # a fresh, reproducible stream per test

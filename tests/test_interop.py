@@ -7,7 +7,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import DTYPES, make_problem, np_dtype, torch_problem
+from conftest import DTYPES, DLPackOnly, make_problem, np_dtype, torch_problem
 
 
 def test_read_only_inputs_frombuffer(rng):
@@ -29,22 +29,6 @@ def test_read_only_memory_map(rng, tmp_path):
     c = mm[qw.nbytes + qz.nbytes:].view(np.float16).reshape(sc.shape)
     assert not a.flags.writeable
     reference.assert_bitexact(awq.dequantize(a, b, c), reference.dequantize(qw, qz, sc))
-
-
-class DLPackOnly:
-    """A producer that speaks only the DLPack protocol (no NumPy, no exchange API)."""
-
-    def __init__(self, arr, legacy=False):
-        self.arr, self.legacy, self.calls = arr, legacy, []
-
-    def __dlpack_device__(self):
-        return self.arr.__dlpack_device__()
-
-    def __dlpack__(self, stream=None, **kw):
-        self.calls.append(dict(stream=stream, **kw))
-        if self.legacy and "max_version" in kw:
-            raise TypeError("unexpected keyword argument 'max_version'")
-        return self.arr.__dlpack__(stream=stream, **kw)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
