@@ -1,9 +1,10 @@
 """Build of awq_fast_dequant._C (metadata lives in pyproject.toml).
 
 The extension is plain C against the CPython and NumPy C APIs.  When nvcc
-is found, csrc/*.cu is compiled ahead of time into objects that are linked
-into the same extension with the CUDA runtime linked statically; otherwise
-csrc/cuda_stub.c stands in and the build is CPU-only.
+is found, csrc/cuda/*.cu is compiled ahead of time into objects that are
+linked into the same extension with the CUDA runtime linked statically;
+otherwise csrc/cuda/stub.c stands in and the build is CPU-only.  Each stage
+prints one line (`pip install -v .` shows them).
 
 Build knobs (environment variables):
   AWQ_FAST_DEQUANT_NO_CUDA=1        CPU-only build even when nvcc exists
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy
 from setuptools import Extension, setup
@@ -129,10 +131,10 @@ class BuildExt(build_ext):
         nvcc = None if env_flag("AWQ_FAST_DEQUANT_NO_CUDA") else find_nvcc()
         libdir = cuda_lib_dir(cuda_home_of(nvcc)) if nvcc else None
         archs = choose_archs(nvcc) if nvcc else []
-        has_cu = any(n.endswith(".cu") for n in os.listdir(CSRC))
+        has_cu = bool(cuda_sources())
         if nvcc and libdir and archs and has_cu:
             log(f"CUDA build with {nvcc}, architectures {archs}")
-            ext.sources = [s for s in ext.sources if not s.endswith("cuda_stub.c")]
+            ext.sources = [s for s in ext.sources if not s.endswith(os.path.join("cuda", "stub.c"))]
             ext.extra_objects += self._compile_cuda(nvcc, archs)
             ext.library_dirs.append(libdir)
             ext.libraries += ["cudart_static", "stdc++", "dl", "rt", "pthread"]
@@ -144,7 +146,9 @@ class BuildExt(build_ext):
                    else "no supported architecture")
             log(f"CPU-only build ({why}); CUDA tensors will raise RuntimeError")
         config = self._force_if_configuration_changed(ext)
+        log(f"compiling {len(ext.sources)} C sources and linking awq_fast_dequant._C")
         super().build_extensions()
+        log("done")
         with open(self._stamp, "w", encoding="utf-8") as f:
             json.dump(config, f)
 
@@ -172,7 +176,7 @@ class BuildExt(build_ext):
             return False
         if not os.path.exists(obj):
             return False
-        inputs = [src] + [os.path.join(CSRC, h) for h in os.listdir(CSRC) if h.endswith(".h")]
+        inputs = [src] + headers()
         return all(os.path.getmtime(obj) >= os.path.getmtime(i) for i in inputs)
 
     def _has_openmp(self):
@@ -200,11 +204,10 @@ class BuildExt(build_ext):
         gencode += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
         arch_list = ";".join(str(a) for a in archs)
         objects = []
-        for name in sorted(os.listdir(CSRC)):
-            if not name.endswith(".cu"):
-                continue
-            src = os.path.join(CSRC, name)
-            obj = os.path.join(out_dir, name[:-3] + ".o")
+        sources = cuda_sources()
+        for i, src in enumerate(sources, 1):
+            name = os.path.relpath(src, CSRC)
+            obj = os.path.join(out_dir, name.replace(os.sep, "_")[:-3] + ".o")
             cmd = [nvcc, "-c", src, "-o", obj, "-std=c++17", "-I", CSRC,
                    "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                    f'-DAWQ_CUDA_ARCHS="{arch_list}"', *gencode]
@@ -215,11 +218,37 @@ class BuildExt(build_ext):
             self._nvcc_cmds.append(cmd)
             objects.append(obj)
             if self._object_current(cmd, src, obj):
-                log(f"{name}: up to date")
+                log(f"[{i}/{len(sources)}] {name}: up to date")
                 continue
-            log(" ".join(cmd))
+            log(f"[{i}/{len(sources)}] nvcc {name} for sm_{', sm_'.join(map(str, archs))} "
+                f"(about a minute per architecture)")
+            started = time.monotonic()
             subprocess.run(cmd, check=True)
+            log(f"[{i}/{len(sources)}] {name}: {time.monotonic() - started:.0f} s")
         return objects
+
+
+def headers():
+    """Every header under csrc/ (a change to one recompiles what includes it)."""
+    out = []
+    for root, _, files in os.walk(CSRC):
+        out += [os.path.join(root, f) for f in files if f.endswith((".h", ".cuh"))]
+    return sorted(out)
+
+
+def cuda_sources():
+    return sorted(os.path.join(CSRC, "cuda", f) for f in os.listdir(os.path.join(CSRC, "cuda"))
+                  if f.endswith(".cu"))
+
+
+# The C sources of the extension, by concern (csrc/ has the map).
+C_SOURCES = [
+    "module.c", "args.c", "validate.c", "views.c", "alloc.c", "run.c", "dequantize.c",
+    "cache.c", "dev.c",
+    "autotune/table.c", "autotune/file.c", "autotune/tune.c",
+    "cpu/platform.c", "cpu/dequantize.c", "cpu/tune.c",
+    "cuda/stub.c",
+]
 
 
 def extension():
@@ -234,16 +263,14 @@ def extension():
     if sanitize:
         cflags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
         ldflags.append(f"-fsanitize={sanitize}")
-    sources = ["module.c", "dequantize.c", "buffers.c", "cache.c", "autotune.c",
-               "dequant_cpu.c", "cuda_stub.c"]
     return Extension(
         "awq_fast_dequant._C",
-        sources=[os.path.join("csrc", s) for s in sources],
+        sources=[os.path.join("csrc", s) for s in C_SOURCES],
         include_dirs=[CSRC, numpy.get_include()],
         define_macros=[("AWQ_VERSION", f'"{read_version()}"')],
         extra_compile_args=cflags,
         extra_link_args=ldflags,
-        depends=[os.path.join("csrc", h) for h in os.listdir(CSRC) if h.endswith((".h", ".cu"))],
+        depends=[os.path.relpath(h, ROOT) for h in headers() + cuda_sources()],
     )
 
 

@@ -26,23 +26,23 @@ def numpy_dtype(name: str):
     return np.dtype(name)
 
 
-def allocate(like, device_type: int, device_id: int, K: int, N: int, dtype: str):
-    """Return an empty [K, N] array of `dtype` in the framework of `like`."""
+def allocate(like, device_type: int, device_id: int, shape: tuple, dtype: str):
+    """Return an empty array of `shape` and `dtype` in the framework of `like`."""
     mod = _module_of(like)
     if mod == "torch":
         import torch
 
         dev = "cpu" if device_type == _KDLCPU else f"cuda:{device_id}"
-        return torch.empty((K, N), dtype=getattr(torch, dtype), device=dev)
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
     if mod == "cupy":
         import cupy
 
         if dtype == "bfloat16":
             raise TypeError("CuPy has no bfloat16 dtype; pass out_dtype='float16' or 'float32'")
         with cupy.cuda.Device(device_id):
-            return cupy.empty((K, N), dtype=dtype)
+            return cupy.empty(shape, dtype=dtype)
     if device_type == _KDLCPU:
-        return np.empty((K, N), dtype=numpy_dtype(dtype))
+        return np.empty(shape, dtype=numpy_dtype(dtype))
     raise TypeError(
         f"cannot allocate a CUDA result for {type(like).__module__}.{type(like).__name__} "
         "inputs; pass out= (a torch or CuPy array on the same device)")

@@ -7,9 +7,6 @@
  *   qweight : uint32 [K, N/8]      qzeros : uint32 [K/G, N/8]
  *   scales  : f16|bf16|f32 [K/G, N]
  *   out     : f16|bf16|f32 [K, N]
- * Nibble i (bits 4i..4i+3) of a packed word holds column 8c + ORDER[i],
- * ORDER = {0, 2, 4, 6, 1, 3, 5, 7}; column 8c + j lives in nibble
- * AWQ_REVERSE[j] = {0, 4, 1, 5, 2, 6, 3, 7}.
  *   out[k, n] = round_to_out( float32(q - z) * float32(scale) )
  * with q - z formed as an integer and one round-to-nearest-even at the end.
  *
@@ -20,13 +17,35 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Element types of scales and out.  The numbering is part of the C ABI
- * between files only (never persisted: the cache file spells names). */
+/* ---- the nibble order -------------------------------------------------
+ * Nibble i (bits 4i..4i+3) of a packed word holds column 8c + ORDER[i],
+ * ORDER = {0, 2, 4, 6, 1, 3, 5, 7}; so column 8c + j lives in nibble
+ *     REVERSE[j] = {0, 4, 1, 5, 2, 6, 3, 7}[j] = j/2 + 4 (j % 2).
+ * AWQ_NIBBLE is that closed form, the one definition every backend uses
+ * (the CPU tables and the CUDA kernels are built from it); the assertions
+ * pin it to the table of the contract. */
+#define AWQ_NIBBLE(j) (((j) >> 1) + 4 * ((j) & 1))
+#define AWQ_COLS_PER_WORD 8
+
+#if defined(__cplusplus)
+static_assert(AWQ_NIBBLE(0) == 0 && AWQ_NIBBLE(1) == 4 && AWQ_NIBBLE(2) == 1 && AWQ_NIBBLE(3) == 5 &&
+                  AWQ_NIBBLE(4) == 2 && AWQ_NIBBLE(5) == 6 && AWQ_NIBBLE(6) == 3 && AWQ_NIBBLE(7) == 7,
+              "REVERSE = {0, 4, 1, 5, 2, 6, 3, 7}");
+#else
+_Static_assert(AWQ_NIBBLE(0) == 0 && AWQ_NIBBLE(1) == 4 && AWQ_NIBBLE(2) == 1 && AWQ_NIBBLE(3) == 5 &&
+                   AWQ_NIBBLE(4) == 2 && AWQ_NIBBLE(5) == 6 && AWQ_NIBBLE(6) == 3 && AWQ_NIBBLE(7) == 7,
+               "REVERSE = {0, 4, 1, 5, 2, 6, 3, 7}");
+#endif
+
+/* ---- element types ----------------------------------------------------
+ * The numbering is part of the C ABI between files only (never persisted:
+ * the cache file spells names, from awq_dtype_name). */
 typedef enum {
     AWQ_F16 = 0,
     AWQ_BF16 = 1,
@@ -35,24 +54,66 @@ typedef enum {
 
 #define AWQ_NUM_DTYPES 3
 
-/* Kernel ids.  AUTO resolves to V4 on CUDA and CPU on the host. */
+/* The one table of dtype names; NULL for an id out of range. */
+static inline const char *awq_dtype_name(int t)
+{
+    static const char *const names[AWQ_NUM_DTYPES] = {"float16", "bfloat16", "float32"};
+    return t >= 0 && t < AWQ_NUM_DTYPES ? names[t] : NULL;
+}
+
+/* Exact name -> id: 0 and *out set, or -1. */
+static inline int awq_dtype_parse(const char *name, awq_dtype *out)
+{
+    for (int i = 0; name != NULL && i < AWQ_NUM_DTYPES; i++)
+        if (strcmp(name, awq_dtype_name(i)) == 0) {
+            *out = (awq_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u; }
+
+/* ---- kernels ------------------------------------------------------------
+ * AUTO resolves to V4 on CUDA and CPU on the host. */
 typedef enum {
     AWQ_KERNEL_AUTO = 0,
     AWQ_KERNEL_V1 = 1,  /* one thread per output element */
     AWQ_KERNEL_V2 = 2,  /* one thread per packed word, fixed block size */
     AWQ_KERNEL_V3 = 3,  /* v2 with a runtime block size */
-    AWQ_KERNEL_V4 = 4,  /* production kernel */
+    AWQ_KERNEL_V4 = 4,  /* production kernel: row tiles inside a group, 16-byte accesses */
     AWQ_KERNEL_CPU = 5, /* host backend */
 } awq_kernel;
 
 #define AWQ_NUM_KERNELS 6
 
+/* The one table of kernel names; NULL for an id out of range. */
+static inline const char *awq_kernel_name(int k)
+{
+    static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1", "v2", "v3", "v4", "cpu"};
+    return k >= 0 && k < AWQ_NUM_KERNELS ? names[k] : NULL;
+}
+
+static inline int awq_kernel_parse(const char *name, awq_kernel *out)
+{
+    for (int i = 0; name != NULL && i < AWQ_NUM_KERNELS; i++)
+        if (strcmp(name, awq_kernel_name(i)) == 0) {
+            *out = (awq_kernel)i;
+            return 0;
+        }
+    return -1;
+}
+
 /* Generation of each backend's kernels.  Bump one whenever a change to its
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
- * (autotune.h), so picks tuned for other kernels are never used. */
+ * (autotune/autotune.h), so picks tuned for other kernels are never used. */
 #define AWQ_CUDA_KERNELS_GEN 4
 #define AWQ_CPU_KERNELS_GEN 1
+
+/* CUDA device ordinals the package keeps per-device facts for (device
+ * properties, autotune device keys); devices past it work, uncached. */
+#define AWQ_MAX_DEVICES 64
 
 /* Error codes returned by every backend entry point. */
 typedef enum {
@@ -91,8 +152,6 @@ typedef struct {
 /* Output elements the problem writes: K * N. */
 static inline int64_t awq_numel(const awq_problem *p) { return p->K * p->N; }
 
-static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u; }
-
 /* The one statement of what awq_config's CUDA fields may hold (besides 0):
  * block_size a multiple of 32 in [32, 1024], rows a power of two in [1, 64]. */
 #define AWQ_MAX_BLOCK 1024
@@ -105,72 +164,6 @@ static inline int awq_rows_valid(int64_t r)
 {
     return r >= 1 && r <= AWQ_MAX_ROWS && (r & (r - 1)) == 0;
 }
-
-/* ---- CPU backend (dequant_cpu.c) ------------------------------------- */
-
-/* Pure C: never touches a Python object; safe to call without the GIL. */
-awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
-int awq_cpu_max_threads(void);
-int awq_cpu_has_openmp(void);
-const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "avx2+f16c" */
-
-/* ---- CUDA backend (dequant_cuda.cu, or cuda_stub.c in a CPU-only build) */
-
-int awq_cuda_compiled(void);      /* 1 when the CUDA backend is linked in */
-const char *awq_cuda_archs(void); /* e.g. "75;80;86;89;90;100;120" or "" */
-int awq_cuda_runtime_version(void);
-/* Number of usable devices; 0 when there is no driver or no device
- * (never an error).  *detail receives the cudaError_t of the probe. */
-int awq_cuda_device_count(int *detail);
-
-/* Launch one dequantization on p->stream of device p->device.  Sets the
- * current device for the call and restores it.  Never synchronizes. */
-awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *detail);
-
-/* Launch an empty one-block kernel on `stream` of `device`, the way
- * awq_cuda_dequantize launches (device scope, launch, error check): the
- * floor under any launch, for the benchmark's host-overhead reference. */
-awq_status awq_cuda_empty_launch(int device, void *stream, int *detail);
-
-/* How kernels are launched in this process: "driver" (cuLaunchKernel, found
- * through the runtime), "runtime" (cudaLaunchKernel: a runtime older than
- * 12.5, a driver without the entry point, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1)
- * or "none" (a CPU-only build).  Static storage. */
-const char *awq_cuda_launch_path(void);
-
-/* Text of a cudaError_t (static storage). */
-const char *awq_cuda_error_string(int detail);
-
-/* Device identity for cache keys: name and compute capability. */
-awq_status awq_cuda_device_identity(int device, char *name, size_t name_len, int *major,
-                                    int *minor, int *detail);
-
-/* 1 when `stream` on `device` is capturing a CUDA graph, 0 otherwise. */
-awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, int *detail);
-
-/* Scratch memory written between timed launches so that each starts with
- * a cold L2, as a layer does inside a model (and as the benchmark times
- * it).  ptr is NULL when it could not be allocated: timing then runs warm. */
-typedef struct {
-    int device;
-    void *ptr;
-    size_t bytes; /* twice the device's L2 */
-} awq_cuda_flush;
-
-awq_status awq_cuda_flush_create(int device, awq_cuda_flush *f, int *detail);
-void awq_cuda_flush_destroy(awq_cuda_flush *f);
-
-/* Time a configuration: `warmup` launches, then `iters` launches, each
- * preceded by a write of `flush` (when given) and bracketed by its own CUDA
- * events on p->stream; *ms receives the median time of one launch.
- * Synchronizes on the last event only (tuning, never the hot path). */
-awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cuda_flush *flush,
-                         int warmup, int iters, float *ms, int *detail);
-
-/* Fill `configs` with up to `cap` candidate configurations for this
- * problem (the autotuner's search space); returns how many. */
-int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap);
-
 
 #ifdef __cplusplus
 }

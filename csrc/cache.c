@@ -1,12 +1,17 @@
 /*
  * cache.c -- smart_dequantize's lookup-or-tune and the Python face of the
- * autotune cache (autotune.c holds the table, the file and the tuner).
+ * autotune cache (cache.h; autotune/ holds the table, the file and the
+ * tuning loop).
  *
  * Hot path on a hit: one hash lookup under the table's mutex, then the
  * launch.  No Python object and no file access.  The file is read lazily
  * on first use and written after each new tuning, with the GIL released.
  */
-#include "pyawq.h"
+#include "cache.h"
+
+#include "cpu/cpu.h"
+#include "cuda/cuda.h"
+#include "run.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,17 +37,14 @@ static int resolve_path(char *buf, size_t n)
     return r > 0 && (size_t)r < n ? 0 : -1;
 }
 
-/* Warnings go through Python's warnings module, each kind once per
- * process.  A warning filter that turns them into errors is ignored: the
- * cache must never fail a call. */
-enum { WARN_LOAD, WARN_SAVE, WARN_CLEAR, WARN_KINDS };
-static int warned[WARN_KINDS];
-
-static void warn_once(int kind, int status, const char *msg)
+/* Warnings go through Python's warnings module, each kind once per module
+ * (state->warned).  A warning filter that turns them into errors is
+ * ignored: the cache must never fail a call. */
+static void warn_once(awq_state *st, int kind, int status, const char *msg)
 {
-    if (status == 0 || msg[0] == '\0' || warned[kind])
+    if (status == 0 || msg[0] == '\0' || st->warned[kind])
         return;
-    warned[kind] = 1;
+    st->warned[kind] = 1;
     if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "awq_fast_dequant autotune cache: %s", msg) < 0)
         PyErr_Clear();
 }
@@ -69,27 +71,25 @@ static void ensure_loaded(awq_state *st)
     st->table_loaded = 1;
     if (resolve_path(st->cache_file, sizeof st->cache_file) < 0) {
         st->cache_file[0] = '\0';
-        warn_once(WARN_LOAD, 1, "cache path too long; keeping the cache in memory only");
+        warn_once(st, AWQ_WARN_LOAD, 1, "cache path too long; keeping the cache in memory only");
         return;
     }
     Py_BEGIN_ALLOW_THREADS
     status = awq_table_load(st->table, st->cache_file, warn, sizeof warn);
     Py_END_ALLOW_THREADS
-    warn_once(WARN_LOAD, status, warn);
+    warn_once(st, AWQ_WARN_LOAD, status, warn);
 }
 
 /* ---- keys ---- */
 
-/* Device part of the key, built once per device: the hot path of a cache
- * hit only copies it.  Called with the GIL held, which guards the array.
- * Devices past the array get theirs built in `scratch` on every call. */
-#define KEYED_DEVICES 64
-static char device_keys[KEYED_DEVICES + 1][AWQ_TUNE_DEVICE_LEN]; /* [0]: the CPU */
-
-static const char *device_key(const awq_problem *p, char *scratch, int *detail)
+/* Device part of the key, built once per device (state->device_keys): the
+ * hot path of a cache hit only copies it.  Called with the GIL held, which
+ * guards the array.  Devices past it get theirs built in `scratch` on every
+ * call. */
+static const char *device_key(awq_state *st, const awq_problem *p, char *scratch, int *detail)
 {
     int slot = p->device + 1;
-    char *key = slot >= 0 && slot <= KEYED_DEVICES ? device_keys[slot] : scratch;
+    char *key = slot >= 0 && slot <= AWQ_MAX_DEVICES ? st->device_keys[slot] : scratch;
     if (key == scratch)
         key[0] = '\0';
     if (key[0] != '\0')
@@ -105,7 +105,7 @@ static const char *device_key(const awq_problem *p, char *scratch, int *detail)
     int major = 0, minor = 0;
     awq_status s = awq_cuda_device_identity(p->device, name, sizeof name, &major, &minor, detail);
     if (s != AWQ_OK) {
-        awq_raise_status(s, *detail, p);
+        awq_raise_status(s, *detail, p->device);
         return NULL;
     }
     /* tabs would break the file format; names never have them, but be sure */
@@ -131,39 +131,42 @@ static awq_status cuda_time_us(const awq_problem *p, const awq_config *c, float 
 
 #define MAX_CANDIDATES 64
 
-int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, int *detail)
+int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg, int *done)
 {
     awq_state *st = awq_get_state(module);
     awq_tune_key key;
     awq_tune_value val;
+    int detail = 0;
 
+    *done = 0;
     if (autotune_disabled(st))
-        return awq_run(p, cfg);
+        return 0;
     ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
-    const char *dev = device_key(p, dev_scratch, detail);
+    const char *dev = device_key(st, p, dev_scratch, &detail);
     if (dev == NULL)
         return -1;
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_key_init(&key, dev, gen, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
-        return awq_run(p, cfg); /* a key the file cannot hold: just run */
+        return 0; /* a key the file cannot hold: just run */
     /* An entry for the other backend (a file edited by hand) is a miss:
      * tuning replaces it. */
     if (awq_table_get(st->table, &key, &val) &&
         (val.config.kernel == AWQ_KERNEL_CPU) == (p->device < 0)) {
         st->hits++;
-        return awq_run(p, &val.config);
+        *cfg = val.config;
+        return 0;
     }
     st->misses++;
 
     if (p->device >= 0) {
         /* Never time (or synchronize) inside a CUDA graph capture. */
         int capturing = 0;
-        awq_status s = awq_cuda_stream_capturing(p->device, p->stream, &capturing, detail);
+        awq_status s = awq_cuda_stream_capturing(p->device, p->stream, &capturing, &detail);
         if (s != AWQ_OK)
-            return awq_raise_status(s, *detail, p);
+            return awq_raise_status(s, detail, p->device);
         if (capturing)
-            return awq_run(p, cfg);
+            return 0;
     }
 
     /* Each backend lists its default first: the tuner keeps it unless
@@ -175,18 +178,19 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
     Py_BEGIN_ALLOW_THREADS
     if (p->device >= 0) {
         awq_cuda_flush flush;
-        s = awq_cuda_flush_create(p->device, &flush, detail);
+        s = awq_cuda_flush_create(p->device, &flush, &detail);
         if (s == AWQ_OK) {
-            s = awq_tune(p, cands, n, cuda_time_us, &flush, &val, detail);
+            s = awq_tune(p, cands, n, cuda_time_us, &flush, &val, &detail);
             awq_cuda_flush_destroy(&flush);
         }
     } else {
-        s = awq_tune(p, cands, n, awq_cpu_time, NULL, &val, detail);
+        s = awq_tune(p, cands, n, awq_cpu_time, NULL, &val, &detail);
     }
     Py_END_ALLOW_THREADS
     if (s != AWQ_OK)
-        return awq_raise_status(s, *detail, p);
+        return awq_raise_status(s, detail, p->device);
     st->tunings++;
+    *done = 1; /* the last timed run wrote the result */
     if (awq_table_put(st->table, &key, &val) == -1)
         return 0; /* out of memory for the entry: the result is still right */
 
@@ -196,7 +200,7 @@ int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *cfg, 
         Py_BEGIN_ALLOW_THREADS
         status = awq_table_save(st->table, st->cache_file, warn, sizeof warn);
         Py_END_ALLOW_THREADS
-        warn_once(WARN_SAVE, status, warn);
+        warn_once(st, AWQ_WARN_SAVE, status, warn);
     }
     return 0;
 }
@@ -239,9 +243,9 @@ PyObject *awq_py_cache_entries(PyObject *module, PyObject *unused)
         PyObject *d = Py_BuildValue(
             "{s:s,s:i,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:L,s:d}", "device", keys[i].device,
             "gen", keys[i].gen, "K", (long long)keys[i].K, "N", (long long)keys[i].N, "G",
-            (long long)keys[i].G, "scales_dtype", awq_tune_dtype_name(keys[i].scale_dtype),
-            "out_dtype", awq_tune_dtype_name(keys[i].out_dtype), "kernel",
-            awq_tune_kernel_name(c->kernel),
+            (long long)keys[i].G, "scales_dtype", awq_dtype_name(keys[i].scale_dtype),
+            "out_dtype", awq_dtype_name(keys[i].out_dtype), "kernel",
+            awq_kernel_name(c->kernel),
             "block_size", c->block_size, "rows", c->rows, "threads", c->threads, "chunk",
             (long long)c->chunk, "us", (double)vals[i].us);
         if (d == NULL || PyList_Append(list, d) < 0) {
@@ -279,81 +283,16 @@ PyObject *awq_py_clear_cache(PyObject *module, PyObject *unused)
         Py_BEGIN_ALLOW_THREADS
         status = awq_cache_remove(st->cache_file, warn, sizeof warn);
         Py_END_ALLOW_THREADS
-        warn_once(WARN_CLEAR, status, warn);
+        warn_once(st, AWQ_WARN_CLEAR, status, warn);
     }
     Py_RETURN_NONE;
 }
 
-PyObject *awq_py_cache_reload(PyObject *module, PyObject *unused)
+void awq_cache_reset(awq_state *st)
 {
-    (void)unused;
-    awq_state *st = awq_get_state(module);
     awq_table_clear(st->table);
     st->table_loaded = 0;
     st->autotune = 0;
     st->hits = st->misses = st->tunings = 0;
-    memset(warned, 0, sizeof warned);
-    Py_RETURN_NONE;
-}
-
-/* Test-only: run a list of operations on a fresh table.
- *   ("put", device, K, N, G, block_size) -> put's return code
- *   ("get", device, K, N, G)             -> block_size, or None on a miss
- *   ("size",)                            -> entries
- * Returns the list of results. */
-PyObject *awq_py_table_test(PyObject *module, PyObject *args)
-{
-    (void)module;
-    PyObject *ops, *results = NULL;
-    if (!PyArg_ParseTuple(args, "O!:_table_test", &PyList_Type, &ops))
-        return NULL;
-    awq_table *t = awq_table_new();
-    if (t == NULL)
-        return PyErr_NoMemory();
-    results = PyList_New(0);
-    if (results == NULL)
-        goto fail;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
-        PyObject *op = PyList_GET_ITEM(ops, i), *r = NULL;
-        const char *verb, *dev = "";
-        long long K = 0, N = 0, G = 1;
-        int bs = 0;
-        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) {
-            PyErr_SetString(PyExc_TypeError, "each operation is a tuple");
-            goto fail;
-        }
-        if (!PyArg_ParseTuple(op, "s|sLLLi:_table_test op", &verb, &dev, &K, &N, &G, &bs))
-            goto fail;
-        awq_tune_key k;
-        awq_tune_value v;
-        memset(&v, 0, sizeof v);
-        if (strcmp(verb, "size") == 0) {
-            r = PyLong_FromSize_t(awq_table_size(t));
-        } else if (awq_tune_key_init(&k, dev, 1, K, N, G, AWQ_F16, AWQ_F16) < 0) {
-            PyErr_Format(PyExc_ValueError, "invalid key in operation %zd", i);
-            goto fail;
-        } else if (strcmp(verb, "put") == 0) {
-            v.config.kernel = AWQ_KERNEL_V4;
-            v.config.block_size = bs;
-            v.us = 1.0f;
-            r = PyLong_FromLong(awq_table_put(t, &k, &v));
-        } else if (strcmp(verb, "get") == 0) {
-            r = awq_table_get(t, &k, &v) ? PyLong_FromLong(v.config.block_size)
-                                         : Py_NewRef(Py_None);
-        } else {
-            PyErr_Format(PyExc_ValueError, "unknown operation %s", verb);
-            goto fail;
-        }
-        if (r == NULL || PyList_Append(results, r) < 0) {
-            Py_XDECREF(r);
-            goto fail;
-        }
-        Py_DECREF(r);
-    }
-    awq_table_free(t);
-    return results;
-fail:
-    Py_XDECREF(results);
-    awq_table_free(t);
-    return NULL;
+    memset(st->warned, 0, sizeof st->warned);
 }

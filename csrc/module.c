@@ -1,10 +1,16 @@
 /*
  * module.c -- awq_fast_dequant._C: multi-phase module initialisation,
- * module state and the method table.  The work lives in dequantize.c,
- * cache.c, buffers.c and the backends.
+ * module state and the method table.  The entry points live in
+ * dequantize.c and cache.c, the development ones in dev.c.
  */
 #define AWQ_MODULE_C
-#include "buffers.h"
+#include "pyawq.h"
+
+#include "cache.h"
+#include "cpu/cpu.h"
+#include "cuda/cuda.h"
+#include "dequantize.h"
+#include "dev.h"
 
 #ifndef AWQ_VERSION
 #define AWQ_VERSION "0+unknown"
@@ -68,38 +74,6 @@ done:
     return res;
 }
 
-/* _empty_launch(device, stream): the benchmark's floor under a launch. */
-static PyObject *py_empty_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "_empty_launch(device, stream) takes 2 arguments");
-        return NULL;
-    }
-    long device = PyLong_AsLong(args[0]);
-    if (device == -1 && PyErr_Occurred())
-        return NULL;
-    if (device < 0 || device > INT_MAX) {
-        PyErr_Format(PyExc_ValueError, "device must be a CUDA device index, got %ld", device);
-        return NULL;
-    }
-    awq_view_opts opts;
-    intptr_t handle = 0;
-    if (awq_parse_stream(awq_get_state(module), args[1], &opts, &handle) < 0)
-        return NULL;
-    awq_problem p = {.device = (int)device};
-    int detail = 0;
-    awq_status s = awq_cuda_empty_launch(p.device, (void *)handle, &detail);
-    if (awq_raise_status(s, detail, &p) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* _launch_path(): "driver", "runtime" or "none" (awq_cuda_launch_path). */
-static PyObject *py_launch_path(PyObject *module, PyObject *unused)
-{
-    return PyUnicode_FromString(awq_cuda_launch_path());
-}
-
 /* The package registers its framework glue: the callable that allocates
  * outputs for frameworks without the DLPack C exchange API, and the one that
  * names the current stream of those frameworks (CuPy). */
@@ -125,7 +99,10 @@ static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_
     "group_size: G; default K / scales.shape[0]; -1 means G = K.\n" \
     "out: optional [K, N] destination (same device, the output dtype).\n" \
     "out_dtype: float16/bfloat16/float32 (name, NumPy or torch dtype); default: scales' dtype.\n" \
-    "kernel: 'auto', 'v1', 'v2', 'v3', 'v4' (CUDA) or 'cpu'; all give the same bits.\n" \
+    "kernel: 'auto' (v4 on CUDA, the CPU backend on the host), 'v1' (one thread per\n" \
+    "    output element), 'v2' (one thread per packed word, fixed 256-thread blocks),\n" \
+    "    'v3' (v2 with a runtime block size), 'v4' (the production kernel: row tiles\n" \
+    "    inside a group, 16-byte accesses) or 'cpu'; all give the same bits.\n" \
     "block_size: threads per block for v3/v4 (a multiple of 32, at most 1024).\n" \
     "stream: CUDA stream (int handle, torch.cuda.Stream, cupy Stream); default: the\n" \
     "    framework's current stream of the tensors' device, else the legacy default.\n\n" \
@@ -144,15 +121,6 @@ static PyMethodDef awq_methods[] = {
      METH_FASTCALL | METH_KEYWORDS, DEQUANTIZE_DOC},
     {"smart_dequantize", (PyCFunction)(void (*)(void))awq_py_smart_dequantize,
      METH_FASTCALL | METH_KEYWORDS, SMART_DOC},
-    {"_launch_config", (PyCFunction)(void (*)(void))awq_py_launch_config, METH_FASTCALL,
-     "_launch_config(qweight, qzeros, scales, out, kernel, block_size, rows): development "
-     "entry that also sets v4's rows per thread (sweeps)."},
-    {"_empty_launch", (PyCFunction)(void (*)(void))py_empty_launch, METH_FASTCALL,
-     "_empty_launch(device, stream): development entry that launches an empty kernel the "
-     "way dequantize launches (the benchmark's host-overhead floor)."},
-    {"_launch_path", py_launch_path, METH_NOARGS,
-     "_launch_path(): how kernels are launched, 'driver' (cuLaunchKernel), 'runtime' "
-     "(cudaLaunchKernel) or 'none' (CPU-only build); development entry."},
     {"cuda_available", py_cuda_available, METH_NOARGS,
      "True when the CUDA backend is compiled in and a CUDA device is usable."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},
@@ -163,9 +131,6 @@ static PyMethodDef awq_methods[] = {
     {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
     {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},
     {"clear_cache", awq_py_clear_cache, METH_NOARGS, "Empty the autotune cache and its file."},
-    {"_cache_reload", awq_py_cache_reload, METH_NOARGS,
-     "Forget the in-memory table and re-read the cache file on next use (tests)."},
-    {"_table_test", awq_py_table_test, METH_VARARGS, "Test-only entry to the C hash table."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -180,12 +145,22 @@ static int awq_exec(PyObject *module)
     awq_state *st = awq_get_state(module);
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
+    static const char *const kKwNames[AWQ_KW_COUNT] = {
+        [AWQ_KW_QWEIGHT] = "qweight",       [AWQ_KW_QZEROS] = "qzeros",
+        [AWQ_KW_SCALES] = "scales",         [AWQ_KW_GROUP_SIZE] = "group_size",
+        [AWQ_KW_OUT] = "out",               [AWQ_KW_OUT_DTYPE] = "out_dtype",
+        [AWQ_KW_KERNEL] = "kernel",         [AWQ_KW_BLOCK_SIZE] = "block_size",
+        [AWQ_KW_STREAM] = "stream"};
     if (intern(&st->str_dlpack, "__dlpack__") < 0 ||
         intern(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
+        intern(&st->str_exchange_api, "__dlpack_c_exchange_api__") < 0 ||
+        intern(&st->str_is_neg, "is_neg") < 0 ||
         intern(&st->str_max_version, "max_version") < 0 || intern(&st->str_stream, "stream") < 0 ||
-        intern(&st->str_cuda_stream, "cuda_stream") < 0 || intern(&st->str_ptr, "ptr") < 0 ||
-        intern(&st->str_auto, "auto") < 0)
+        intern(&st->str_cuda_stream, "cuda_stream") < 0 || intern(&st->str_ptr, "ptr") < 0)
         return -1;
+    for (int i = 0; i < AWQ_KW_COUNT; i++)
+        if (intern(&st->kw[i], kKwNames[i]) < 0)
+            return -1;
     st->max_version = Py_BuildValue("(ii)", AWQ_DLPACK_MAJOR, AWQ_DLPACK_MINOR);
     if (st->max_version == NULL)
         return -1;
@@ -196,7 +171,7 @@ static int awq_exec(PyObject *module)
     }
     if (PyModule_AddStringConstant(module, "__version__", AWQ_VERSION) < 0)
         return -1;
-    return 0;
+    return awq_dev_add(module);
 }
 
 static int awq_traverse(PyObject *module, visitproc visit, void *arg)
@@ -218,12 +193,15 @@ static int awq_clear(PyObject *module)
         return 0;
     Py_CLEAR(st->allocator);
     Py_CLEAR(st->stream_hook);
-    Py_CLEAR(st->str_auto);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_CLEAR(st->api_cache[i].type);
     st->api_cache_len = 0;
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
+    Py_CLEAR(st->str_exchange_api);
+    Py_CLEAR(st->str_is_neg);
+    for (int i = 0; i < AWQ_KW_COUNT; i++)
+        Py_CLEAR(st->kw[i]);
     Py_CLEAR(st->str_max_version);
     Py_CLEAR(st->str_stream);
     Py_CLEAR(st->str_cuda_stream);

@@ -21,7 +21,7 @@
 #include <numpy/arrayobject.h>
 
 #include "awq.h"
-#include "autotune.h"
+#include "autotune/autotune.h"
 #include "dlpack.h"
 
 /* Types whose C exchange API we looked up (hit or miss), so the lookup
@@ -31,25 +31,52 @@
 typedef struct {
     PyTypeObject *type;
     const DLPackExchangeAPI *api; /* NULL: the type has none */
+    int has_is_neg;               /* its tensors can carry torch's negative bit */
 } awq_api_entry;
+
+/* Keyword names of the entry points, interned once (args.c compares by
+ * pointer first). */
+enum {
+    AWQ_KW_QWEIGHT,
+    AWQ_KW_QZEROS,
+    AWQ_KW_SCALES,
+    AWQ_KW_GROUP_SIZE,
+    AWQ_KW_OUT,
+    AWQ_KW_OUT_DTYPE,
+    AWQ_KW_KERNEL,
+    AWQ_KW_BLOCK_SIZE,
+    AWQ_KW_STREAM,
+    AWQ_KW_COUNT
+};
+
+/* Warnings about the cache file, each kind given once per module. */
+enum { AWQ_WARN_LOAD, AWQ_WARN_SAVE, AWQ_WARN_CLEAR, AWQ_WARN_KINDS };
 
 typedef struct {
     awq_api_entry api_cache[AWQ_API_CACHE];
     int api_cache_len;
-    PyObject *allocator;   /* package-provided callable(like, device_type, device_id, K, N, dtype) */
+    awq_api_entry api_scratch; /* answer for types past the cache, valid for one call */
+    PyObject *allocator;   /* package-provided callable(like, device_type, device_id, shape, dtype) */
     PyObject *stream_hook; /* package-provided callable(array) -> current stream or None */
     PyObject *str_auto;    /* "auto", the default kernel */
-    PyObject *str_dlpack; /* interned attribute names */
+    PyObject *str_dlpack;  /* interned attribute names */
     PyObject *str_dlpack_device;
+    PyObject *str_exchange_api;
+    PyObject *str_is_neg;
     PyObject *str_max_version;
     PyObject *str_stream;
     PyObject *str_cuda_stream;
     PyObject *str_ptr;
-    PyObject *max_version; /* (1, 0) */
-    awq_table *table;      /* autotune cache */
+    PyObject *kw[AWQ_KW_COUNT]; /* interned keyword names */
+    PyObject *max_version;      /* (1, 0) */
+    awq_table *table;           /* autotune cache */
     int table_loaded;
-    int autotune;          /* AWQ_FAST_DEQUANT_AUTOTUNE, read at first use: 0 unread, 1 on, 2 off */
+    int autotune;               /* AWQ_FAST_DEQUANT_AUTOTUNE, read at first use: 0 unread, 1 on, 2 off */
+    int warned[AWQ_WARN_KINDS];
     char cache_file[4096];
+    /* Device part of each autotune key, built once per device: a cache hit
+     * only copies it.  [0] is the CPU, [1 + d] CUDA device d. */
+    char device_keys[AWQ_MAX_DEVICES + 1][AWQ_TUNE_DEVICE_LEN];
     unsigned long long hits, misses, tunings;
 } awq_state;
 
@@ -57,26 +84,5 @@ static inline awq_state *awq_get_state(PyObject *module)
 {
     return (awq_state *)PyModule_GetState(module);
 }
-
-/* dequantize.c */
-PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames);
-PyObject *awq_py_smart_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                  PyObject *kwnames);
-PyObject *awq_py_launch_config(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-
-/* Run a validated problem on its backend (GIL released on the CPU);
- * 0, or -1 with an exception set. */
-int awq_run(const awq_problem *p, const awq_config *c);
-int awq_raise_status(awq_status s, int detail, const awq_problem *p);
-
-/* cache.c */
-PyObject *awq_py_cache_path(PyObject *module, PyObject *unused);
-PyObject *awq_py_cache_entries(PyObject *module, PyObject *unused);
-PyObject *awq_py_cache_stats(PyObject *module, PyObject *unused);
-PyObject *awq_py_clear_cache(PyObject *module, PyObject *unused);
-PyObject *awq_py_cache_reload(PyObject *module, PyObject *unused);
-PyObject *awq_py_table_test(PyObject *module, PyObject *args);
-int awq_cache_lookup_or_tune(PyObject *module, awq_problem *p, awq_config *c, int *detail);
 
 #endif /* AWQ_PYAWQ_H */

@@ -25,9 +25,9 @@ def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(d))
     monkeypatch.delenv("AWQ_FAST_DEQUANT_AUTOTUNE", raising=False)
-    _C._cache_reload()
+    _C._dev.cache_reload()
     yield d
-    _C._cache_reload()
+    _C._dev.cache_reload()
 
 
 def _run_py(code, cache, extra_env=None):
@@ -41,7 +41,7 @@ def _run_py(code, cache, extra_env=None):
 # ---- the C hash table ----
 
 def test_table_insert_update_absent():
-    r = _C._table_test([
+    r = _C._dev.table_test([
         ("get", "dev", 64, 64, 32),
         ("put", "dev", 64, 64, 32, 128),
         ("get", "dev", 64, 64, 32),
@@ -60,18 +60,18 @@ def test_table_growth_keeps_every_entry():
            for i in range(n)]
     ops += [("get", f"gpu{i % 7}", 8 * (i + 1), 8 * (i % 13 + 1), 8) for i in range(n)]
     ops += [("get", "gpu0", 8 * (n + 5), 8, 8), ("size",)]
-    r = _C._table_test(ops)
+    r = _C._dev.table_test(ops)
     assert r[:n] == [0] * n
     assert r[n:2 * n] == [32 * (i % 32 + 1) for i in range(n)]
     assert r[2 * n:] == [None, n]
 
 
 def test_c_unit_tests_pass():
-    """The standalone C test of autotune.c (ASan + UBSan), where a compiler exists."""
+    """The standalone C test of csrc/autotune/ (ASan + UBSan), where a compiler exists."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not shutil.which("make") or not shutil.which(os.environ.get("CC", "gcc")):
         pytest.skip("no make / C compiler")
-    if not os.path.exists(os.path.join(root, "csrc", "autotune.c")):
+    if not os.path.exists(os.path.join(root, "csrc", "autotune", "table.c")):
         pytest.skip("sources not available (installed package only)")
     r = subprocess.run(["make", "-s", "-C", os.path.join(root, "tests", "c")],
                        capture_output=True, text=True, timeout=600)
@@ -118,7 +118,7 @@ def test_first_call_tunes_then_hits(cache_dir, rng):
 
 def test_autotune_disabled(cache_dir, rng, monkeypatch):
     monkeypatch.setenv("AWQ_FAST_DEQUANT_AUTOTUNE", "0")
-    _C._cache_reload()  # the setting is read at first use
+    _C._dev.cache_reload()  # the setting is read at first use
     qw, qz, sc = make_problem(rng, 64, 64, 32)
     reference.assert_bitexact(awq.smart_dequantize(qw, qz, sc), reference.dequantize(qw, qz, sc))
     assert awq.cache_stats()["tunings"] == 0 and awq.cache_entries() == []
@@ -232,7 +232,7 @@ def _tuned_fields(cache_dir, qw, qz, sc):
     lines = (cache_dir / "autotune.txt").read_text().splitlines()
     (line,) = [ln for ln in lines if not ln.startswith("#")]
     awq.clear_cache()
-    _C._cache_reload()
+    _C._dev.cache_reload()
     return line.split("\t")
 
 
@@ -283,7 +283,7 @@ def _write_entry(cache_dir, fields, config):
     cache_dir.mkdir(exist_ok=True)
     line = fields[:7] + list(config) + ["1"]
     (cache_dir / "autotune.txt").write_text(HEADER + "\t".join(line) + "\n")
-    _C._cache_reload()
+    _C._dev.cache_reload()
 
 
 def test_hand_edited_cpu_entries_stay_exact(cache_dir, rng):
@@ -306,7 +306,7 @@ def test_unwritable_folder(tmp_path, monkeypatch, rng):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(blocker / "cache"))
-    _C._cache_reload()
+    _C._dev.cache_reload()
     try:
         qw, qz, sc = make_problem(rng, 64, 64, 32)
         with pytest.warns(RuntimeWarning, match="autotune cache"):
@@ -315,7 +315,7 @@ def test_unwritable_folder(tmp_path, monkeypatch, rng):
         awq.smart_dequantize(qw, qz, sc)
         assert awq.cache_stats()["hits"] == 1  # kept in memory
     finally:
-        _C._cache_reload()
+        _C._dev.cache_reload()
 
 
 def test_unreadable_file(cache_dir, rng):

@@ -91,10 +91,10 @@ def test_v4_rows_lean_and_general(rng, rows, dtype):
         qw, qz, sc = to_cuda(rng, K, N, G, dtype)
         for block in (32, 96, 256):
             out = torch.full((K, N), 7.0, dtype=getattr(torch, dtype), device="cuda")
-            awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
+            awq._C._dev.launch_config(qw, qz, sc, out, "v4", block, rows)
             check(out, qw, qz, sc)
         flat = torch.full((K * N + 1,), 7.0, dtype=getattr(torch, dtype), device="cuda")
-        awq._C._launch_config(qw, qz, sc, flat[1:].view(K, N), "v4", 64, rows)
+        awq._C._dev.launch_config(qw, qz, sc, flat[1:].view(K, N), "v4", 64, rows)
         check(flat[1:].view(K, N), qw, qz, sc)
         assert flat[0].item() == 7.0
 
@@ -113,7 +113,7 @@ def test_v4_large_layer_with_prefetch(rng, dtype):
     for rows in (1, 2, 4, 8):
         for block in (64, 96, 512):
             out = torch.full((K, N), 7.0, dtype=getattr(torch, dtype), device="cuda")
-            awq._C._launch_config(qw, qz, sc, out, "v4", block, rows)
+            awq._C._dev.launch_config(qw, qz, sc, out, "v4", block, rows)
             torch.cuda.synchronize()
             reference.assert_bitexact(out, expect)
 
@@ -141,7 +141,7 @@ def test_more_than_2_31_elements():
     out = torch.empty((K, N), dtype=torch.float16, device="cuda")
     # v4's general kernel (rows 16) as well as the lean one that "v4"/"auto" take
     launches = [lambda k=k: awq.dequantize(qw, qz, sc, out=out, kernel=k) for k in KERNELS]
-    launches.append(lambda: awq._C._launch_config(qw, qz, sc, out, "v4", 256, 16))
+    launches.append(lambda: awq._C._dev.launch_config(qw, qz, sc, out, "v4", 256, 16))
     for launch in launches:
         out.fill_(float("nan"))
         launch()
@@ -233,10 +233,10 @@ def test_empty_launch_floor(rng):
     from awq_fast_dequant import _C
     dev = torch.cuda.current_device()
     side = torch.cuda.Stream()
-    assert _C._empty_launch(dev, side.cuda_stream) is None
-    assert _C._empty_launch(dev, 0) is None
+    assert _C._dev.empty_launch(dev, side.cuda_stream) is None
+    assert _C._dev.empty_launch(dev, 0) is None
     with pytest.raises(RuntimeError, match=f"CUDA device {torch.cuda.device_count()} is not "):
-        _C._empty_launch(torch.cuda.device_count(), 0)
+        _C._dev.empty_launch(torch.cuda.device_count(), 0)
     assert torch.cuda.current_device() == dev
     qw, qz, sc = to_cuda(rng, 128, 136, 32, "float16")
     check(awq.dequantize(qw, qz, sc), qw, qz, sc)
@@ -247,9 +247,9 @@ def test_launches_go_through_the_driver():
     (the faster path; every other test here runs on it)."""
     from awq_fast_dequant import _C
     if awq.build_info()["cuda_runtime_version"] < 12050:
-        assert _C._launch_path() == "runtime"
+        assert _C._dev.launch_path() == "runtime"
     else:
-        assert _C._launch_path() == "driver"
+        assert _C._dev.launch_path() == "driver"
 
 
 def test_a_fresh_thread_launches(rng):
@@ -285,7 +285,7 @@ import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 sys.path.insert(0, sys.argv[1])
 from conftest import make_problem
-assert _C._launch_path() == "runtime", _C._launch_path()
+assert _C._dev.launch_path() == "runtime", _C._dev.launch_path()
 rng = np.random.default_rng(5)
 for K, N, G in ((7 * 32, 136, 32), (256, 4104, 128)):
     qw, qz, sc = make_problem(rng, K, N, G, "float16")
@@ -295,7 +295,7 @@ for K, N, G in ((7 * 32, 136, 32), (256, 4104, 128)):
         got = awq.dequantize(*t, kernel=kernel)
         reference.assert_bitexact(got.cpu().numpy(), want)
     out = torch.empty((K, N), dtype=torch.float16, device="cuda")
-    _C._empty_launch(torch.cuda.current_device(), 0)
+    _C._dev.empty_launch(torch.cuda.current_device(), 0)
     with torch.cuda.stream(torch.cuda.Stream()):
         awq.dequantize(*t, out=out)
     torch.cuda.synchronize()

@@ -229,8 +229,8 @@ def test_empty_launch_without_gpu_is_an_error():
     build) raises RuntimeError; it never crashes or launches."""
     from awq_fast_dequant import _C
     with pytest.raises(RuntimeError, match="CUDA"):
-        _C._empty_launch(0, 0)
+        _C._dev.empty_launch(0, 0)
     with pytest.raises(ValueError, match="device must be a CUDA device index"):
-        _C._empty_launch(-1, 0)
+        _C._dev.empty_launch(-1, 0)
     with pytest.raises(ValueError, match="stream must be a non-negative handle"):
-        _C._empty_launch(0, -1)
+        _C._dev.empty_launch(0, -1)

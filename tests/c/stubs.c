@@ -1,6 +1,6 @@
 /*
- * stubs.c -- stand-ins for the CPU backend so that autotune.c can be
- * tested alone (the real ones live in csrc/dequant_cpu.c).
+ * stubs.c -- stand-ins for the CPU backend so that csrc/autotune/ can be
+ * tested alone (the real ones live in csrc/cpu/).
  *
  * awq_cpu_dequantize sleeps instead of working: 50 us for the one
  * configuration the test expects the tuner to pick (threads 2, chunk 32),
@@ -10,7 +10,7 @@
 
 #include <time.h>
 
-#include "awq.h"
+#include "cpu/cpu.h"
 
 awq_status stub_status = AWQ_OK;
 int stub_calls = 0;

@@ -1,9 +1,10 @@
 /*
- * test_autotune.c -- standalone test of csrc/autotune.c (table, file, tuner).
+ * test_autotune.c -- standalone test of csrc/autotune/ (table, file, tuner) and csrc/cpu/tune.c.
  *
  * Build and run from the repository root (or `make -C tests/c`):
  *   gcc -std=c11 -Wall -Wextra -O1 -fsanitize=address,undefined -pthread -Icsrc \
- *       tests/c/test_autotune.c csrc/autotune.c tests/c/stubs.c -o build/test_autotune \
+ *       tests/c/test_autotune.c csrc/autotune/{table,file,tune}.c csrc/cpu/tune.c \
+ *       tests/c/stubs.c -o build/test_autotune \
  *   && build/test_autotune
  * Exit status 0 when every check passed.  Files go to a fresh folder under
  * $TMPDIR (or /tmp), removed at the end.
@@ -26,7 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autotune.h"
+#include "autotune/autotune.h"
+#include "cpu/cpu.h"
 
 extern awq_status stub_status; /* stubs.c */
 
@@ -289,12 +291,12 @@ static void test_basic(void)
     /* names */
     awq_dtype dt;
     awq_kernel kn;
-    CHECK(strcmp(awq_tune_dtype_name(AWQ_BF16), "bfloat16") == 0);
-    CHECK(awq_tune_dtype_name(3) == NULL && awq_tune_kernel_name(-1) == NULL);
-    CHECK(awq_tune_parse_dtype("float32", &dt) == 0 && dt == AWQ_F32);
-    CHECK(awq_tune_parse_dtype("float64", &dt) == -1);
-    CHECK(awq_tune_parse_kernel("cpu", &kn) == 0 && kn == AWQ_KERNEL_CPU);
-    CHECK(awq_tune_parse_kernel("V4", &kn) == -1);
+    CHECK(strcmp(awq_dtype_name(AWQ_BF16), "bfloat16") == 0);
+    CHECK(awq_dtype_name(3) == NULL && awq_kernel_name(-1) == NULL);
+    CHECK(awq_dtype_parse("float32", &dt) == 0 && dt == AWQ_F32);
+    CHECK(awq_dtype_parse("float64", &dt) == -1);
+    CHECK(awq_kernel_parse("cpu", &kn) == 0 && kn == AWQ_KERNEL_CPU);
+    CHECK(awq_kernel_parse("V4", &kn) == -1);
 
     awq_table_clear(t);
     CHECK(awq_table_size(t) == 0);

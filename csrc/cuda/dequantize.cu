@@ -1,256 +1,27 @@
 /*
- * dequant_cuda.cu -- CUDA backend: kernels v1..v4 and their extern "C" entry points.
+ * cuda/dequantize.cu -- the dequantize kernels v1..v4, their launchers, the
+ * v4 default configuration and the autotuner's candidates.
  *
  * No Python and no torch here.  Every entry point returns an awq_status, never
  * aborts, never synchronizes (except awq_cuda_time, on its end event), and
- * checks the result of every launch (`launch`, below).  Contract: csrc/awq.h
+ * checks the result of every launch (cuda/launch.cuh).  Contract: csrc/awq.h
  * and DESIGN.md section 1; design notes and measurements: docs/KERNELS.md.
  *
  * All four kernels produce identical bits:
  *   out[k, n] = round_to_out( float32(q - z) * float32(scale[k / G, n]) )
  * with q - z an exact integer and a single round-to-nearest-even at the end.
  */
-#include <cuda.h> /* driver types only: the driver is reached through the runtime (see launch) */
-#include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <type_traits>
 
-#include "awq.h"
+#include "cuda/cuda.h"
+#include "cuda/launch.cuh"
+#include "cuda/layout.cuh"
 
-#ifndef AWQ_CUDA_ARCHS
-#define AWQ_CUDA_ARCHS ""
-#endif
+using namespace awq_cu;
 
 namespace {
-
-/* ======================================================================
- * Bit layout of one packed word (qweight and qzeros alike)
- *
- *   bits   31..28 27..24 23..20 19..16 15..12 11..8  7..4   3..0
- *   nibble    7      6      5      4      3      2      1      0
- *   column   8c+7   8c+5   8c+3   8c+1   8c+6   8c+4   8c+2   8c+0
- *
- * i.e. nibble i holds column ORDER[i], ORDER = {0,2,4,6,1,3,5,7}, and column
- * j is read from nibble REVERSE[j] = {0,4,1,5,2,6,3,7}[j] = j/2 + 4*(j%2).
- * Consequence used by the fast paths: for p = 0..3, (word >> 4p) & 0x000F000F
- * holds column 2p in its low 16-bit half and column 2p+1 in its high half --
- * exactly the element order of a packed pair (half2 / bf16x2 / two floats).
- * ====================================================================== */
-
-constexpr int kNibbleBits = 4;
-constexpr int kColsPerWord = 8;  /* 32-bit word / 4-bit nibble */
-constexpr int kPairsPerWord = 4; /* column pairs (2p, 2p+1) per word */
-static_assert(sizeof(uint32_t) * 8 == kColsPerWord * kNibbleBits, "eight nibbles fill a word");
-static_assert(kPairsPerWord * 2 == kColsPerWord, "a word splits into four column pairs");
-
-/* Nibble holding column j of a word (the closed form of REVERSE). */
-__host__ __device__ constexpr int reverse_nibble(int j) { return (j >> 1) + 4 * (j & 1); }
-
-constexpr int kReverseTable[kColsPerWord] = {0, 4, 1, 5, 2, 6, 3, 7}; /* DESIGN.md section 1 */
-
-constexpr bool reverse_matches_table()
-{
-    for (int j = 0; j < kColsPerWord; ++j)
-        if (reverse_nibble(j) != kReverseTable[j]) return false;
-    return true;
-}
-static_assert(reverse_matches_table(), "closed form of REVERSE disagrees with the contract");
-
-constexpr bool pairs_are_nibbles_p_and_p_plus_4()
-{
-    for (int p = 0; p < kPairsPerWord; ++p)
-        if (reverse_nibble(2 * p) != p || reverse_nibble(2 * p + 1) != p + 4) return false;
-    return true;
-}
-static_assert(pairs_are_nibbles_p_and_p_plus_4(), "pair extraction mask 0x000F000F assumes this");
-
-/* (word >> 4p) & kPairMask: nibble p in bits 0..3, nibble p+4 in bits 16..19. */
-constexpr uint32_t kPairMask = 0x000F000Fu;
-
-/* float32 2^23: OR-ing an integer m < 2^23 into its mantissa gives exactly 2^23 + m. */
-constexpr uint32_t kF32Magic = 0x4B000000u;
-/* Added to each 16-bit half before subtracting z so that 16 + q - z is in [1, 31]:
- * never negative, so no borrow crosses from the high half into the low one. */
-constexpr uint32_t kPairBias = 0x00100010u;
-/* 2^23 + 16: the float value of (kF32Magic | 16); subtracting it leaves q - z exactly. */
-constexpr float kF32MagicBias = 8388624.0f;
-static_assert(kF32MagicBias == 8388608.0f + 16.0f, "2^23 + 16");
-
-/* float16 1024.0: OR-ing q < 16 into its mantissa gives exactly 1024 + q (spacing 1). */
-constexpr uint32_t kF16x2Magic = 0x64006400u;
-
-/* __byte_perm selectors: result = {byte b of x, 0x00, 0x00, 0x4B} from (x, kF32Magic). */
-constexpr unsigned kPermLowHalf = 0x7650u;  /* byte 0 of x: the low 16-bit half  */
-constexpr unsigned kPermHighHalf = 0x7652u; /* byte 2 of x: the high 16-bit half */
-
-/* ---- element types ---------------------------------------------------- */
-
-struct F16T {
-    using bits = uint16_t;
-};
-struct BF16T {
-    using bits = uint16_t;
-};
-struct F32T {
-    using bits = uint32_t;
-};
-
-template <class T> struct is_16bit {
-    static constexpr bool value = sizeof(typename T::bits) == 2;
-};
-static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2 && sizeof(float) == 4,
-              "storage sizes assumed by the bit casts below");
-static_assert(sizeof(__half2) == 4 && sizeof(__nv_bfloat162) == 4, "packed pairs are one word");
-
-/* ---- small device helpers --------------------------------------------- */
-
-/* Why: a 32-bit register viewed as half2 without a conversion instruction. */
-__device__ __forceinline__ __half2 as_half2(uint32_t u)
-{
-    __half2 h;
-    memcpy(&h, &u, sizeof h);
-    return h;
-}
-
-/* Why: the inverse view, to store a half2 result as a plain word. */
-__device__ __forceinline__ uint32_t half2_bits(__half2 h)
-{
-    uint32_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
-
-/* Why: float -> bfloat16 with one round-to-nearest-even where sm < 80 lacks
- * the cvt instruction; NaN stays NaN (quiet bit forced) and never rounds to Inf. */
-[[maybe_unused]] __device__ __forceinline__ uint32_t bf16_rne_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: exponent all ones, mantissa != 0 */
-        return (u >> 16) | 0x0040u;     /* keep sign and top payload, set the quiet bit */
-    u += 0x7FFFu + ((u >> 16) & 1u);    /* half of the 16 dropped bits, ties to even */
-    return u >> 16;
-}
-
-/* Why: one exact widening of a stored scale to float32 (all three are exact). */
-template <class T> __device__ __forceinline__ float scale_to_float(uint32_t bits)
-{
-    if constexpr (std::is_same<T, F16T>::value)
-        return __half2float(__ushort_as_half((unsigned short)bits));
-    else if constexpr (std::is_same<T, BF16T>::value)
-        return __uint_as_float(bits << 16); /* bf16 is the top half of a float32 */
-    else
-        return __uint_as_float(bits);
-}
-
-/* Why: the single round-to-nearest-even from the float32 product to the output type. */
-template <class T> __device__ __forceinline__ uint32_t float_to_out(float f)
-{
-    if constexpr (std::is_same<T, F16T>::value) {
-        return __half_as_ushort(__float2half_rn(f));
-    } else if constexpr (std::is_same<T, BF16T>::value) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-#else
-        return bf16_rne_bits(f);
-#endif
-    } else {
-        return __float_as_uint(f);
-    }
-}
-
-/* Why: two conversions in one instruction (cvt.rn.{f16,bf16}x2.f32 on sm_80+),
- * each still a single RNE rounding; lo lands in bits 0..15 (the lower address). */
-template <class T> __device__ __forceinline__ uint32_t pack_pair(float lo, float hi)
-{
-    if constexpr (std::is_same<T, F16T>::value) {
-        return half2_bits(__floats2half2_rn(lo, hi));
-    } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &b, sizeof u);
-        return u;
-#else
-        return bf16_rne_bits(lo) | (bf16_rne_bits(hi) << 16);
-#endif
-    }
-}
-
-/* Why: the reference formula for one element, used by the simple kernels v1..v3. */
-template <class S, class O>
-__device__ __forceinline__ uint32_t dequant_one(uint32_t word, uint32_t zword, int j, uint32_t sbits)
-{
-    const int shift = kNibbleBits * reverse_nibble(j);
-    const int q = (int)((word >> shift) & 0xFu);
-    const int z = (int)((zword >> shift) & 0xFu);
-    return float_to_out<O>(__fmul_rn((float)(q - z), scale_to_float<S>(sbits)));
-}
-
-/* Why: typed read-only load of one stored scale element as raw bits. */
-template <class T> __device__ __forceinline__ uint32_t load_elem(const void *base, int64_t i)
-{
-    if constexpr (is_16bit<T>::value)
-        return __ldg(static_cast<const unsigned short *>(base) + i);
-    else
-        return __ldg(static_cast<const unsigned int *>(base) + i);
-}
-
-/* Why: streaming (evict-first) store of one output element; out is written once. */
-template <class T> __device__ __forceinline__ void store_elem(void *base, int64_t i, uint32_t bits)
-{
-    if constexpr (is_16bit<T>::value)
-        __stcs(static_cast<unsigned short *>(base) + i, (unsigned short)bits);
-    else
-        __stcs(static_cast<unsigned int *>(base) + i, bits);
-}
-
-/* ---- 64-bit index division ---------------------------------------------
- * Every grid index is int64.  Dividing it by a runtime constant (N, N/8, G,
- * ...) with a 64-bit '/' is a call to a division routine (tens of
- * instructions); in practice both operands fit 32 bits, where a multiply-high
- * by a precomputed reciprocal is exact
- * (Granlund & Montgomery 1994, "Division by invariant integers using
- * multiplication", round-up variant): q = (umulhi(n, m) + n) >> l, with
- * l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1 < 2^32.
- * Larger operands take the plain 64-bit division. */
-struct Divisor {
-    int64_t d;
-    uint32_t m;
-    uint32_t l;
-    int fast; /* d < 2^32 */
-};
-
-Divisor make_divisor(int64_t d)
-{
-    Divisor r{d, 0u, 0u, 0};
-    if (d >= 1 && d <= (int64_t)UINT32_MAX) {
-        uint32_t l = 0;
-        while ((uint64_t(1) << l) < (uint64_t)d) ++l;
-        r.m = (uint32_t)((((uint64_t(1) << l) - (uint64_t)d) << 32) / (uint64_t)d + 1);
-        r.l = l;
-        r.fast = 1;
-    }
-    return r;
-}
-
-/* Why: n / d for n >= 0 in ~3 instructions on the common (32-bit) path. */
-__device__ __forceinline__ int64_t divide(int64_t n, const Divisor &v)
-{
-    if (v.fast && (uint64_t)n <= UINT32_MAX) {
-        const uint64_t hi = ((uint64_t)(uint32_t)n * v.m) >> 32; /* umulhi */
-        return (int64_t)((hi + (uint64_t)n) >> v.l);
-    }
-    return n / v.d;
-}
 
 /* ======================================================================
  * Arguments shared by v1..v3 (one struct passed by value)
@@ -275,7 +46,7 @@ struct SimpleArgs : Operands {
     Divisor divN, divW, divG;
 };
 
-constexpr int kV1Block = 256; /* v1 and v2 use a fixed block size (the issue's spec) */
+constexpr int kV1Block = 256; /* v1 and v2 use a fixed block size, as originally written */
 constexpr int kV2Block = 256;
 constexpr int kMaxBlock = AWQ_MAX_BLOCK; /* CUDA's limit on threads per block */
 
@@ -722,132 +493,6 @@ __global__ void __launch_bounds__(kMaxBlock) awq_v4_lean_kernel(const V4LeanArgs
  * Host side
  * ====================================================================== */
 
-cudaError_t clear_error(cudaError_t e)
-{
-    if (e != cudaSuccess) (void)cudaGetLastError(); /* leave no stale error for the next caller */
-    return e;
-}
-
-/* ---- launching -------------------------------------------------------
- *
- * Every kernel goes out through launch<kernel>(grid, block, stream, args):
- * the driver's cuLaunchKernel on the kernel's context-independent handle
- * (cudaGetKernel), both found once through the runtime, so nothing links
- * against libcuda.  On an H200 host that costs 0.1-0.3 us less per launch
- * than the runtime's <<<>>> and cudaGetLastError (docs/BENCHMARKS.md, "What
- * the host figure is made of").  Anything else -- a runtime older than 12.5,
- * a driver without the entry point, a thread with no current context yet, a
- * failed launch -- goes through the runtime's cudaLaunchKernel, which binds
- * the current device's primary context and reports the runtime's own error
- * for a launch that cannot run.  A failed cuLaunchKernel enqueues nothing,
- * so the retry never runs a kernel twice.  AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1
- * (read once per process) keeps every launch on the runtime path.
- */
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
-#define AWQ_DRIVER_LAUNCH 1
-#else
-#define AWQ_DRIVER_LAUNCH 0
-#endif
-
-#if AWQ_DRIVER_LAUNCH
-/* cuLaunchKernel's signature (unchanged since CUDA 4.0). */
-using DriverLaunchFn = CUresult(CUDAAPI *)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                                           unsigned block_x, unsigned block_y, unsigned block_z,
-                                           unsigned shared_bytes, CUstream stream, void **params,
-                                           void **extra);
-
-bool runtime_launch_forced()
-{
-    const char *v = getenv("AWQ_FAST_DEQUANT_RUNTIME_LAUNCH");
-    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
-}
-
-/* cuLaunchKernel, or nullptr: resolved on first use (thread-safe static). */
-DriverLaunchFn driver_launch_fn()
-{
-    static const DriverLaunchFn fn = []() -> DriverLaunchFn {
-        if (runtime_launch_forced()) return nullptr;
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (clear_error(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault,
-                                                         &found)) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            return nullptr;
-        return reinterpret_cast<DriverLaunchFn>(p);
-    }();
-    return fn;
-}
-
-/* The context-independent handle of one kernel, as the CUfunction that
- * cuLaunchKernel accepts for it; nullptr when the runtime has none. */
-template <auto Kernel> CUfunction driver_handle()
-{
-    static std::atomic<CUfunction> handle{nullptr};
-    static std::atomic<bool> unavailable{false};
-    CUfunction f = handle.load(std::memory_order_acquire);
-    if (f != nullptr || unavailable.load(std::memory_order_relaxed)) return f;
-    cudaKernel_t k = nullptr;
-    if (clear_error(cudaGetKernel(&k, reinterpret_cast<const void *>(Kernel))) != cudaSuccess || k == nullptr) {
-        unavailable.store(true, std::memory_order_relaxed);
-        return nullptr;
-    }
-    f = reinterpret_cast<CUfunction>(k);
-    handle.store(f, std::memory_order_release);
-    return f;
-}
-#endif
-
-/* Launches Kernel<<<grid, block, 0, stream>>>(args...) and returns its
- * launch error (cudaSuccess once enqueued); leaves no stale runtime error. */
-template <auto Kernel, class... Args>
-cudaError_t launch(unsigned grid, unsigned block, cudaStream_t stream, Args... args)
-{
-    static_assert(std::is_same<decltype(Kernel), void (*)(Args...)>::value,
-                  "the arguments are the kernel's parameters, type for type");
-    void *params[] = {static_cast<void *>(&args)..., nullptr};
-#if AWQ_DRIVER_LAUNCH
-    if (const DriverLaunchFn drive = driver_launch_fn()) {
-        const CUfunction f = driver_handle<Kernel>();
-        if (f != nullptr && drive(f, grid, 1, 1, block, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
-                                  nullptr) == CUDA_SUCCESS)
-            return cudaSuccess;
-    }
-#endif
-    return clear_error(cudaLaunchKernel(reinterpret_cast<const void *>(Kernel), dim3(grid), dim3(block), params,
-                                        0, stream));
-}
-
-/* Blocks for `count` items of `per_block`, capped at gridDim.x's limit (the
- * kernels' grid-stride loops cover the rest). */
-unsigned grid_for(int64_t count, int per_block)
-{
-    const int64_t blocks = (count + per_block - 1) / per_block;
-    const int64_t cap = 2147483647; /* 2^31 - 1: gridDim.x limit */
-    return (unsigned)(blocks < cap ? (blocks < 1 ? 1 : blocks) : cap);
-}
-
-template <class T> struct Tag {
-    using type = T;
-};
-
-/* Switch from the runtime (scale, out) dtype pair to one template instance. */
-template <class F> cudaError_t dispatch_dtypes(awq_dtype s, awq_dtype o, F &&f)
-{
-    auto with_out = [&](auto st) -> cudaError_t {
-        switch (o) {
-        case AWQ_F16: return f(st, Tag<F16T>{});
-        case AWQ_BF16: return f(st, Tag<BF16T>{});
-        case AWQ_F32: return f(st, Tag<F32T>{});
-        }
-        return cudaErrorInvalidValue; /* unreachable: validated before */
-    };
-    switch (s) {
-    case AWQ_F16: return with_out(Tag<F16T>{});
-    case AWQ_BF16: return with_out(Tag<BF16T>{});
-    case AWQ_F32: return with_out(Tag<F32T>{});
-    }
-    return cudaErrorInvalidValue;
-}
 
 SimpleArgs simple_args(const awq_problem *p, int64_t count)
 {
@@ -920,8 +565,6 @@ bool v4_lean_ok(const awq_problem *p, int64_t R, int block)
     return (R == 1 || R == 2 || R == 4 || R == kV4MaxBatch) && p->G % R == 0 && words <= (int64_t)UINT32_MAX &&
            v4_units(p, R, block) <= 2147483647;
 }
-
-int64_t device_resident_blocks(int dev, int block);
 
 template <int ACC> cudaError_t v4_launch_lean(const awq_problem *p, int block, int R, cudaStream_t stream)
 {
@@ -1000,124 +643,6 @@ cudaError_t awq_v4_launch(const awq_problem *p, int block, int rows, cudaStream_
 }
 
 /* ---- device facts, cached per ordinal (hot path of the autotune cache) -- */
-
-constexpr int kMaxCachedDevices = 64;
-constexpr int kDefaultSMs = 132;            /* H100/H200 SXM; used only if the query fails */
-constexpr int kDefaultThreadsPerSM = 2048; /* likewise */
-
-struct DeviceInfo {
-    char name[256]; /* cudaDeviceProp::name is 256 bytes */
-    int major, minor, sms, threads_per_sm, blocks_per_sm;
-};
-
-DeviceInfo g_devices[kMaxCachedDevices];
-std::atomic<int> g_device_ready[kMaxCachedDevices]; /* 0 unknown, 1 g_devices[i] valid */
-std::mutex g_device_mutex;                          /* serializes writers only */
-
-cudaError_t device_info(int dev, DeviceInfo *out)
-{
-    if (dev >= 0 && dev < kMaxCachedDevices && g_device_ready[dev].load(std::memory_order_acquire)) {
-        *out = g_devices[dev];
-        return cudaSuccess;
-    }
-    if (dev < 0) return cudaErrorInvalidDevice;
-    cudaDeviceProp prop;
-    const cudaError_t e = clear_error(cudaGetDeviceProperties(&prop, dev));
-    if (e != cudaSuccess) return e;
-    DeviceInfo info;
-    static_assert(sizeof info.name == sizeof prop.name, "name buffer matches cudaDeviceProp");
-    memcpy(info.name, prop.name, sizeof info.name);
-    info.name[sizeof info.name - 1] = '\0';
-    info.major = prop.major;
-    info.minor = prop.minor;
-    info.sms = prop.multiProcessorCount;
-    info.threads_per_sm = prop.maxThreadsPerMultiProcessor;
-    info.blocks_per_sm = prop.maxBlocksPerMultiProcessor;
-    if (dev < kMaxCachedDevices) {
-        std::lock_guard<std::mutex> lock(g_device_mutex);
-        if (!g_device_ready[dev].load(std::memory_order_relaxed)) {
-            g_devices[dev] = info;
-            g_device_ready[dev].store(1, std::memory_order_release);
-        }
-    }
-    *out = info;
-    return cudaSuccess;
-}
-
-/* What a launch can keep resident on a device: SMs and the per-SM thread
- * and block limits (blocks_per_sm 0: no separate limit known).  Read from
- * the cache without copying the rest of DeviceInfo (the hot path calls this
- * on every launch); H100/H200 figures if the query fails. */
-struct Residency {
-    int64_t sms, threads_per_sm, blocks_per_sm;
-};
-
-Residency residency(int dev)
-{
-    const DeviceInfo *d = nullptr;
-    DeviceInfo info;
-    if (dev >= 0 && dev < kMaxCachedDevices && g_device_ready[dev].load(std::memory_order_acquire))
-        d = &g_devices[dev];
-    else if (device_info(dev, &info) == cudaSuccess)
-        d = &info;
-    if (d == nullptr || d->sms <= 0 || d->threads_per_sm <= 0) return {kDefaultSMs, kDefaultThreadsPerSM, 0};
-    return {d->sms, d->threads_per_sm, d->blocks_per_sm};
-}
-
-/* Threads the whole device holds at once (one "wave"). */
-int64_t device_resident_threads(int dev)
-{
-    const Residency r = residency(dev);
-    return r.sms * r.threads_per_sm;
-}
-
-/* Blocks of `block` threads the whole device holds at once, by the thread
- * and block limits per SM (registers may allow fewer: the prefetch distance
- * that uses this is not sensitive to that). */
-int64_t device_resident_blocks(int dev, int block)
-{
-    const Residency r = residency(dev);
-    int64_t per_sm = r.threads_per_sm / block;
-    if (r.blocks_per_sm > 0 && r.blocks_per_sm < per_sm) per_sm = r.blocks_per_sm;
-    return r.sms * per_sm;
-}
-
-awq_status status_of(cudaError_t e)
-{
-    if (e == cudaSuccess) return AWQ_OK;
-    if (e == cudaErrorInvalidDevice || e == cudaErrorNoDevice) return AWQ_ERR_DEVICE;
-    return AWQ_ERR_CUDA;
-}
-
-void set_detail(int *detail, int v)
-{
-    if (detail) *detail = v;
-}
-
-/* Makes `dev` current for a scope (only if it is not already) and restores
- * the caller's device on exit. */
-class DeviceScope {
-  public:
-    cudaError_t enter(int dev)
-    {
-        cudaError_t e = clear_error(cudaGetDevice(&prev_));
-        if (e != cudaSuccess) return e;
-        if (prev_ == dev) return cudaSuccess;
-        e = clear_error(cudaSetDevice(dev));
-        if (e == cudaSuccess) changed_ = true;
-        return e;
-    }
-    ~DeviceScope()
-    {
-        if (changed_) (void)clear_error(cudaSetDevice(prev_));
-    }
-
-  private:
-    int prev_ = 0;
-    bool changed_ = false;
-};
-
-/* ---- validation --------------------------------------------------------- */
 
 bool valid_dtype(awq_dtype t) { return t == AWQ_F16 || t == AWQ_BF16 || t == AWQ_F32; }
 
@@ -1234,44 +759,9 @@ awq_status prepare(const awq_problem *p, const awq_config *in, awq_config *c)
     return AWQ_OK;
 }
 
-/* Both events destroyed on every path. */
-struct EventPair {
-    cudaEvent_t start = nullptr, stop = nullptr;
-    ~EventPair()
-    {
-        if (start) (void)clear_error(cudaEventDestroy(start));
-        if (stop) (void)clear_error(cudaEventDestroy(stop));
-    }
-};
-
-/* Does nothing: awq_cuda_empty_launch times the launch alone. */
-__global__ void awq_empty_kernel() {}
-
 } // namespace
 
-/* ======================================================================
- * extern "C" entry points (csrc/awq.h, "CUDA backend")
- * ====================================================================== */
 extern "C" {
-
-int awq_cuda_compiled(void) { return 1; }
-
-const char *awq_cuda_archs(void) { return AWQ_CUDA_ARCHS; }
-
-int awq_cuda_runtime_version(void)
-{
-    int v = 0;
-    if (clear_error(cudaRuntimeGetVersion(&v)) != cudaSuccess) return 0;
-    return v;
-}
-
-int awq_cuda_device_count(int *detail)
-{
-    int n = 0;
-    const cudaError_t e = clear_error(cudaGetDeviceCount(&n)); /* no driver: leave no pending error */
-    set_detail(detail, (int)e);
-    return e == cudaSuccess && n > 0 ? n : 0;
-}
 
 awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *detail)
 {
@@ -1284,92 +774,6 @@ awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *d
     if (e == cudaSuccess) e = clear_error(launch_config(p, &rc, static_cast<cudaStream_t>(p->stream)));
     set_detail(detail, (int)e);
     return status_of(e);
-}
-
-awq_status awq_cuda_empty_launch(int device, void *stream, int *detail)
-{
-    set_detail(detail, 0);
-    if (device < 0) return AWQ_ERR_DEVICE;
-    DeviceScope scope;
-    cudaError_t e = scope.enter(device);
-    if (e == cudaSuccess) {
-        e = launch<awq_empty_kernel>(1, 32, static_cast<cudaStream_t>(stream));
-    }
-    set_detail(detail, (int)e);
-    return status_of(e);
-}
-
-const char *awq_cuda_launch_path(void)
-{
-#if AWQ_DRIVER_LAUNCH
-    if (driver_launch_fn() != nullptr && driver_handle<awq_empty_kernel>() != nullptr) return "driver";
-#endif
-    return "runtime";
-}
-
-const char *awq_cuda_error_string(int detail) { return cudaGetErrorString(static_cast<cudaError_t>(detail)); }
-
-awq_status awq_cuda_device_identity(int device, char *name, size_t name_len, int *major, int *minor, int *detail)
-{
-    set_detail(detail, 0);
-    DeviceInfo info;
-    const cudaError_t e = device_info(device, &info);
-    set_detail(detail, (int)e);
-    if (e != cudaSuccess) return status_of(e);
-    if (name && name_len > 0) {
-        const size_t n = strnlen(info.name, sizeof info.name);
-        const size_t k = n < name_len - 1 ? n : name_len - 1;
-        memcpy(name, info.name, k);
-        name[k] = '\0';
-    }
-    if (major) *major = info.major;
-    if (minor) *minor = info.minor;
-    return AWQ_OK;
-}
-
-awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, int *detail)
-{
-    set_detail(detail, 0);
-    if (capturing) *capturing = 0;
-    if (device < 0) return AWQ_ERR_DEVICE;
-    DeviceScope scope;
-    cudaError_t e = scope.enter(device);
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (e == cudaSuccess) e = clear_error(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st));
-    set_detail(detail, (int)e);
-    if (e != cudaSuccess) return status_of(e);
-    /* Active or Invalidated: a capture is in progress either way. */
-    if (capturing) *capturing = st != cudaStreamCaptureStatusNone;
-    return AWQ_OK;
-}
-
-awq_status awq_cuda_flush_create(int device, awq_cuda_flush *f, int *detail)
-{
-    set_detail(detail, 0);
-    if (!f) return AWQ_ERR_CONFIG;
-    f->device = device;
-    f->ptr = nullptr;
-    f->bytes = 0;
-    DeviceScope scope;
-    cudaError_t e = scope.enter(device);
-    int l2 = 0;
-    if (e == cudaSuccess) e = clear_error(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    set_detail(detail, (int)e);
-    if (e != cudaSuccess) return status_of(e);
-    const size_t bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
-    /* No memory for it (the framework's cache may hold the card): time warm. */
-    if (clear_error(cudaMalloc(&f->ptr, bytes)) != cudaSuccess) f->ptr = nullptr;
-    else f->bytes = bytes;
-    return AWQ_OK;
-}
-
-void awq_cuda_flush_destroy(awq_cuda_flush *f)
-{
-    if (!f || !f->ptr) return;
-    DeviceScope scope;
-    if (scope.enter(f->device) == cudaSuccess) (void)clear_error(cudaFree(f->ptr));
-    f->ptr = nullptr;
-    f->bytes = 0;
 }
 
 constexpr int kMaxTimedRuns = 32;

@@ -1,8 +1,8 @@
 /*
- * cuda_stub.c -- the CUDA backend of a CPU-only build (no nvcc, or
+ * cuda/stub.c -- the CUDA backend of a CPU-only build (no nvcc, or
  * AWQ_FAST_DEQUANT_NO_CUDA=1).  Every entry reports "not compiled".
  */
-#include "awq.h"
+#include "cuda/cuda.h"
 
 #include <stdio.h>
 

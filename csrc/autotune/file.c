@@ -1,19 +1,15 @@
 /*
- * autotune.c -- the autotune cache (see autotune.h for the API and the
- * file format, DESIGN.md section 5 for the contract).
+ * autotune/file.c -- the autotune table's file (format and rules in
+ * autotune.h; contract in DESIGN.md section 5).
  *
- * Three parts:
- *   1. the table: open addressing with linear probing over a power-of-two
- *      array of hashes (0 = empty) beside an array of entries, so that a
- *      probe walks 8-byte hashes and compares a full key only on a match;
- *   2. the file: a bounded line reader (no line can make us allocate),
- *      strict field parsing, and a save that merges under flock and
- *      replaces the file by rename, so readers never see a partial file;
- *   3. the tuner: time each candidate, keep the fastest.
+ * A bounded line reader (no line can make us allocate), strict field
+ * parsing, and a save that merges under flock and replaces the file by
+ * rename, so that readers never see a partial file.  Nothing here is ever
+ * fatal: problems become one warning text and the table in memory stays.
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "autotune.h"
+#include "autotune/autotune.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,7 +18,6 @@
 #include <limits.h>
 #include <locale.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -36,408 +31,6 @@
 #ifndef PATH_MAX
 #define PATH_MAX 4096
 #endif
-
-/* Upper bound for threads: far above any real value, low enough
- * that a corrupted number is caught. */
-#define TUNE_MAX_PARAM 65536
-
-/* ======================================================================
- * Names
- * ====================================================================== */
-
-static const char *const dtype_names[AWQ_NUM_DTYPES] = {
-    [AWQ_F16] = "float16",
-    [AWQ_BF16] = "bfloat16",
-    [AWQ_F32] = "float32",
-};
-
-static const char *const kernel_names[AWQ_NUM_KERNELS] = {
-    [AWQ_KERNEL_AUTO] = "auto", [AWQ_KERNEL_V1] = "v1", [AWQ_KERNEL_V2] = "v2",
-    [AWQ_KERNEL_V3] = "v3",     [AWQ_KERNEL_V4] = "v4", [AWQ_KERNEL_CPU] = "cpu",
-};
-
-const char *awq_tune_dtype_name(int dtype)
-{
-    return dtype >= 0 && dtype < AWQ_NUM_DTYPES ? dtype_names[dtype] : NULL;
-}
-
-const char *awq_tune_kernel_name(int kernel)
-{
-    return kernel >= 0 && kernel < AWQ_NUM_KERNELS ? kernel_names[kernel] : NULL;
-}
-
-int awq_tune_parse_dtype(const char *name, awq_dtype *out)
-{
-    for (int i = 0; name && i < AWQ_NUM_DTYPES; i++) {
-        if (strcmp(name, dtype_names[i]) == 0) {
-            *out = (awq_dtype)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-int awq_tune_parse_kernel(const char *name, awq_kernel *out)
-{
-    for (int i = 0; name && i < AWQ_NUM_KERNELS; i++) {
-        if (strcmp(name, kernel_names[i]) == 0) {
-            *out = (awq_kernel)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* ======================================================================
- * Keys and values
- * ====================================================================== */
-
-/* A device string that the file can hold verbatim: it must end inside the
- * field (a longer one would be cut, and two devices could then collide),
- * hold no tab or line break (field and line separators), and not start
- * with '#' (the line would read back as a comment). */
-static int device_valid(const char *d)
-{
-    size_t n = strnlen(d, AWQ_TUNE_DEVICE_LEN);
-    if (n == 0 || n == AWQ_TUNE_DEVICE_LEN || d[0] == '#')
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)d[i];
-        if (c < 0x20 || c == 0x7f)
-            return 0;
-    }
-    return 1;
-}
-
-int awq_tune_key_valid(const awq_tune_key *k)
-{
-    if (!k || !device_valid(k->device) || k->gen < 1)
-        return 0;
-    if (k->K < 0 || k->N < 0 || k->N % 8 != 0 || k->G < 1)
-        return 0;
-    if (k->K != 0 && k->K % k->G != 0)
-        return 0;
-    return (unsigned)k->scale_dtype < AWQ_NUM_DTYPES && (unsigned)k->out_dtype < AWQ_NUM_DTYPES;
-}
-
-int awq_tune_value_valid(const awq_tune_value *v)
-{
-    if (!v)
-        return 0;
-    const awq_config *c = &v->config;
-    if (c->kernel < AWQ_KERNEL_V1 || c->kernel > AWQ_KERNEL_CPU)
-        return 0;
-    if ((c->block_size != 0 && !awq_block_size_valid(c->block_size)) ||
-        (c->rows != 0 && !awq_rows_valid(c->rows)))
-        return 0;
-    if (c->threads < 0 || c->threads > TUNE_MAX_PARAM || c->chunk < 0)
-        return 0;
-    return isfinite(v->us) && v->us >= 0.0f;
-}
-
-int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
-                      int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype)
-{
-    if (!k)
-        return -1;
-    memset(k, 0, sizeof *k);
-    if (!device)
-        return -1;
-    size_t n = strnlen(device, AWQ_TUNE_DEVICE_LEN);
-    if (n == AWQ_TUNE_DEVICE_LEN)
-        return -1;
-    memcpy(k->device, device, n);
-    k->gen = gen;
-    k->K = K;
-    k->N = N;
-    k->G = G;
-    k->scale_dtype = scale_dtype;
-    k->out_dtype = out_dtype;
-    if (!awq_tune_key_valid(k)) {
-        memset(k, 0, sizeof *k);
-        return -1;
-    }
-    return 0;
-}
-
-/* splitmix64's finalizer: a cheap bijection that spreads every input bit
- * over the whole word, so that consecutive K or N land far apart. */
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= UINT64_C(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x *= UINT64_C(0x94d049bb133111eb);
-    x ^= x >> 31;
-    return x;
-}
-
-/* FNV-1a over the device string, then each integer field mixed in.
- * Never 0: the table uses 0 to mark an empty slot. */
-static uint64_t key_hash(const awq_tune_key *k)
-{
-    uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a offset basis */
-    for (size_t i = 0; i < AWQ_TUNE_DEVICE_LEN && k->device[i]; i++) {
-        h ^= (unsigned char)k->device[i];
-        h *= UINT64_C(0x100000001b3); /* FNV-1a 64-bit prime */
-    }
-    h = mix64(h ^ (uint64_t)(unsigned)k->gen);
-    h = mix64(h ^ (uint64_t)k->K);
-    h = mix64(h ^ (uint64_t)k->N);
-    h = mix64(h ^ (uint64_t)k->G);
-    h = mix64(h ^ ((uint64_t)(unsigned)k->scale_dtype << 8 | (uint64_t)(unsigned)k->out_dtype));
-    return h ? h : 1;
-}
-
-static int key_equal(const awq_tune_key *a, const awq_tune_key *b)
-{
-    return a->gen == b->gen && a->K == b->K && a->N == b->N && a->G == b->G &&
-           a->scale_dtype == b->scale_dtype && a->out_dtype == b->out_dtype &&
-           strncmp(a->device, b->device, AWQ_TUNE_DEVICE_LEN) == 0;
-}
-
-/* Stored keys are canonical: bytes after the device's NUL are zero, so a
- * snapshot never carries whatever the caller left there. */
-static void key_copy(awq_tune_key *dst, const awq_tune_key *src)
-{
-    memset(dst, 0, sizeof *dst);
-    memcpy(dst->device, src->device, strnlen(src->device, AWQ_TUNE_DEVICE_LEN));
-    dst->gen = src->gen;
-    dst->K = src->K;
-    dst->N = src->N;
-    dst->G = src->G;
-    dst->scale_dtype = src->scale_dtype;
-    dst->out_dtype = src->out_dtype;
-}
-
-/* ======================================================================
- * The table
- * ====================================================================== */
-
-typedef struct {
-    awq_tune_key key;
-    awq_tune_value val;
-} table_entry;
-
-struct awq_table {
-    pthread_mutex_t mu;
-    uint64_t *hashes;     /* cap slots; 0 = empty */
-    table_entry *entries; /* cap slots; meaningful where hashes[i] != 0 */
-    size_t cap;           /* a power of two */
-    size_t size;
-};
-
-#define TABLE_MIN_CAP 16
-
-/* Grow before the table is 70 % full: linear probing stays short and an
- * empty slot always exists, so every probe loop ends. */
-static int over_load(size_t size, size_t cap) { return size * 10 > cap * 7; }
-
-static int alloc_slots(size_t cap, uint64_t **hashes, table_entry **entries)
-{
-    if (cap > SIZE_MAX / sizeof(table_entry))
-        return -1;
-    *hashes = calloc(cap, sizeof **hashes);
-    *entries = malloc(cap * sizeof **entries);
-    if (!*hashes || !*entries) {
-        free(*hashes);
-        free(*entries);
-        *hashes = NULL;
-        *entries = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-awq_table *awq_table_new(void)
-{
-    awq_table *t = calloc(1, sizeof *t);
-    if (!t)
-        return NULL;
-    if (alloc_slots(TABLE_MIN_CAP, &t->hashes, &t->entries) != 0) {
-        free(t);
-        return NULL;
-    }
-    if (pthread_mutex_init(&t->mu, NULL) != 0) {
-        free(t->hashes);
-        free(t->entries);
-        free(t);
-        return NULL;
-    }
-    t->cap = TABLE_MIN_CAP;
-    return t;
-}
-
-void awq_table_free(awq_table *t)
-{
-    if (!t)
-        return;
-    pthread_mutex_destroy(&t->mu);
-    free(t->hashes);
-    free(t->entries);
-    free(t);
-}
-
-/* Slot holding k, or the empty slot where it would go.  Caller holds mu. */
-static size_t probe(const awq_table *t, const awq_tune_key *k, uint64_t h, int *found)
-{
-    size_t mask = t->cap - 1;
-    for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
-        if (t->hashes[i] == 0) {
-            *found = 0;
-            return i;
-        }
-        if (t->hashes[i] == h && key_equal(&t->entries[i].key, k)) {
-            *found = 1;
-            return i;
-        }
-    }
-}
-
-/* Moves every entry into arrays of new_cap slots.  On failure the table is
- * untouched. */
-static int rehash(awq_table *t, size_t new_cap)
-{
-    uint64_t *nh;
-    table_entry *ne;
-    if (alloc_slots(new_cap, &nh, &ne) != 0)
-        return -1;
-    size_t mask = new_cap - 1;
-    for (size_t i = 0; i < t->cap; i++) {
-        if (t->hashes[i] == 0)
-            continue;
-        size_t j = (size_t)t->hashes[i] & mask;
-        while (nh[j] != 0)
-            j = (j + 1) & mask;
-        nh[j] = t->hashes[i];
-        ne[j] = t->entries[i];
-    }
-    free(t->hashes);
-    free(t->entries);
-    t->hashes = nh;
-    t->entries = ne;
-    t->cap = new_cap;
-    return 0;
-}
-
-/* Caller holds mu; k and v are valid.  overwrite = 0 keeps an existing
- * value (used to merge the file under what we already know). */
-static int insert_locked(awq_table *t, const awq_tune_key *k, const awq_tune_value *v,
-                         int overwrite)
-{
-    uint64_t h = key_hash(k);
-    int found;
-    size_t i = probe(t, k, h, &found);
-    if (found) {
-        if (overwrite)
-            t->entries[i].val = *v;
-        return 0;
-    }
-    if (over_load(t->size + 1, t->cap)) {
-        if (t->cap > SIZE_MAX / 2 || rehash(t, t->cap * 2) != 0)
-            return -1;
-        i = probe(t, k, h, &found);
-    }
-    t->hashes[i] = h;
-    key_copy(&t->entries[i].key, k);
-    t->entries[i].val = *v;
-    t->size++;
-    return 0;
-}
-
-int awq_table_get(awq_table *t, const awq_tune_key *k, awq_tune_value *v)
-{
-    if (!t || !k)
-        return 0;
-    uint64_t h = key_hash(k);
-    int found;
-    pthread_mutex_lock(&t->mu);
-    size_t i = probe(t, k, h, &found);
-    if (found && v)
-        *v = t->entries[i].val;
-    pthread_mutex_unlock(&t->mu);
-    return found;
-}
-
-int awq_table_put(awq_table *t, const awq_tune_key *k, const awq_tune_value *v)
-{
-    if (!t || !awq_tune_key_valid(k) || !awq_tune_value_valid(v))
-        return -2;
-    pthread_mutex_lock(&t->mu);
-    int rc = insert_locked(t, k, v, 1);
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-}
-
-size_t awq_table_size(awq_table *t)
-{
-    if (!t)
-        return 0;
-    pthread_mutex_lock(&t->mu);
-    size_t n = t->size;
-    pthread_mutex_unlock(&t->mu);
-    return n;
-}
-
-void awq_table_clear(awq_table *t)
-{
-    if (!t)
-        return;
-    uint64_t *nh = NULL;
-    table_entry *ne = NULL;
-    /* Allocate outside the lock; if that fails, empty the big arrays. */
-    int fresh = alloc_slots(TABLE_MIN_CAP, &nh, &ne) == 0;
-    pthread_mutex_lock(&t->mu);
-    if (fresh) {
-        uint64_t *oh = t->hashes;
-        table_entry *oe = t->entries;
-        t->hashes = nh;
-        t->entries = ne;
-        t->cap = TABLE_MIN_CAP;
-        nh = oh;
-        ne = oe;
-    } else {
-        memset(t->hashes, 0, t->cap * sizeof *t->hashes);
-    }
-    t->size = 0;
-    pthread_mutex_unlock(&t->mu);
-    free(nh);
-    free(ne);
-}
-
-size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals, size_t cap)
-{
-    if (!t)
-        return 0;
-    size_t n = 0;
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->cap && n < cap; i++) {
-        if (t->hashes[i] == 0)
-            continue;
-        if (keys)
-            keys[n] = t->entries[i].key;
-        if (vals)
-            vals[n] = t->entries[i].val;
-        n++;
-    }
-    pthread_mutex_unlock(&t->mu);
-    return n;
-}
-
-/* Copies every entry of src into dst where dst lacks the key. */
-static int merge_missing(awq_table *dst, awq_table *src)
-{
-    int rc = 0;
-    pthread_mutex_lock(&src->mu);
-    pthread_mutex_lock(&dst->mu);
-    for (size_t i = 0; i < src->cap && rc == 0; i++) {
-        if (src->hashes[i] != 0)
-            rc = insert_locked(dst, &src->entries[i].key, &src->entries[i].val, 0);
-    }
-    pthread_mutex_unlock(&dst->mu);
-    pthread_mutex_unlock(&src->mu);
-    return rc;
-}
 
 /* ======================================================================
  * Warnings
@@ -596,8 +189,8 @@ static int parse_entry(char *line, awq_tune_key *k, awq_tune_value *v)
 
     awq_kernel kernel;
     if (parse_int(f[1], &k->gen) || parse_nonneg(f[2], &k->K) || parse_nonneg(f[3], &k->N) ||
-        parse_nonneg(f[4], &k->G) || awq_tune_parse_dtype(f[5], &k->scale_dtype) ||
-        awq_tune_parse_dtype(f[6], &k->out_dtype) || awq_tune_parse_kernel(f[7], &kernel) ||
+        parse_nonneg(f[4], &k->G) || awq_dtype_parse(f[5], &k->scale_dtype) ||
+        awq_dtype_parse(f[6], &k->out_dtype) || awq_kernel_parse(f[7], &kernel) ||
         parse_int(f[8], &v->config.block_size) || parse_int(f[9], &v->config.rows) ||
         parse_int(f[10], &v->config.threads) || parse_nonneg(f[11], &v->config.chunk) ||
         parse_us(f[12], &v->us))
@@ -756,10 +349,7 @@ static void read_cache_file(const char *path, awq_table *into, read_report *r)
             r->malformed++;
             continue;
         }
-        pthread_mutex_lock(&into->mu);
-        int rc = insert_locked(into, &k, &v, 1);
-        pthread_mutex_unlock(&into->mu);
-        if (rc != 0) {
+        if (awq_table_put(into, &k, &v) != 0) {
             r->state = RS_NOMEM;
             goto done;
         }
@@ -791,7 +381,7 @@ int awq_table_load(awq_table *t, const char *path, char *warn, size_t warn_len)
 
     switch (r.state) {
     case RS_OK:
-        if (merge_missing(t, disk) != 0)
+        if (awq_table_merge_missing(t, disk) != 0)
             warnf(&w, "out of memory loading the autotune cache %s", path);
         if (r.malformed)
             warnf(&w, "ignored %zu malformed line%s in %s", r.malformed,
@@ -947,8 +537,8 @@ static void remove_stale_temps(const char *dir, const char *base)
 
 static int entry_cmp(const void *pa, const void *pb)
 {
-    const awq_tune_key *a = &((const table_entry *)pa)->key;
-    const awq_tune_key *b = &((const table_entry *)pb)->key;
+    const awq_tune_key *a = &((const awq_tune_entry *)pa)->key;
+    const awq_tune_key *b = &((const awq_tune_entry *)pb)->key;
     int c = strcmp(a->device, b->device);
     if (c)
         return c;
@@ -966,29 +556,12 @@ static int entry_cmp(const void *pa, const void *pb)
 }
 
 /* Every entry, sorted so that the file reads well and diffs cleanly. */
-static table_entry *sorted_entries(awq_table *t, size_t *n)
+static awq_tune_entry *sorted_entries(awq_table *t, size_t *n)
 {
-    for (;;) {
-        size_t want = awq_table_size(t);
-        table_entry *e = malloc((want ? want : 1) * sizeof *e);
-        if (!e)
-            return NULL;
-        pthread_mutex_lock(&t->mu);
-        size_t got = 0;
-        if (t->size <= want) {
-            for (size_t i = 0; i < t->cap; i++)
-                if (t->hashes[i] != 0)
-                    e[got++] = t->entries[i];
-        }
-        int fits = t->size <= want;
-        pthread_mutex_unlock(&t->mu);
-        if (fits) {
-            qsort(e, got, sizeof *e, entry_cmp);
-            *n = got;
-            return e;
-        }
-        free(e); /* another thread added entries meanwhile: try again */
-    }
+    awq_tune_entry *e = awq_table_entries(t, n);
+    if (e)
+        qsort(e, *n, sizeof *e, entry_cmp);
+    return e;
 }
 
 /* PATH.tmp.<pid>.<64 random bits>: unique among threads and processes. */
@@ -1001,12 +574,12 @@ static void temp_name(const char *path, char *buf, size_t len)
                  (uint64_t)atomic_fetch_add(&counter, 1) * UINT64_C(0x9e3779b97f4a7c15) ^
                  (uint64_t)(uintptr_t)buf;
     snprintf(buf, len, "%s.tmp.%ld.%016llx", path, (long)getpid(),
-             (unsigned long long)mix64(x ^ (uint64_t)getpid() << 40));
+             (unsigned long long)awq_mix64(x ^ (uint64_t)getpid() << 40));
 }
 
 /* Writes the whole file to tmp and fsyncs it.  0, or -1 with *err (tmp
  * removed).  Caller is in the C numeric locale. */
-static int write_temp(const char *path, char *tmp, size_t tmp_len, const table_entry *e,
+static int write_temp(const char *path, char *tmp, size_t tmp_len, const awq_tune_entry *e,
                       size_t n, int *err)
 {
     int fd = -1;
@@ -1044,8 +617,8 @@ static int write_temp(const char *path, char *tmp, size_t tmp_len, const table_e
         format_us(v->us, us, sizeof us);
         ok = fprintf(f, "%s\t%d\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%d\t%d\t%d\t%lld\t%s\n", k->device,
                      k->gen, (long long)k->K, (long long)k->N, (long long)k->G,
-                     dtype_names[k->scale_dtype], dtype_names[k->out_dtype],
-                     kernel_names[v->config.kernel], v->config.block_size, v->config.rows,
+                     awq_dtype_name(k->scale_dtype), awq_dtype_name(k->out_dtype),
+                     awq_kernel_name(v->config.kernel), v->config.block_size, v->config.rows,
                      v->config.threads, (long long)v->config.chunk, us) > 0;
     }
     if (!ok || fflush(f) != 0 || ferror(f)) {
@@ -1103,7 +676,7 @@ int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len)
 
     c_numeric loc;
     c_numeric_enter(&loc);
-    table_entry *entries = NULL;
+    awq_tune_entry *entries = NULL;
     awq_table *disk = awq_table_new();
     read_report r = {.state = RS_NOMEM};
     if (disk)
@@ -1145,7 +718,7 @@ int awq_table_save(awq_table *t, const char *path, char *warn, size_t warn_len)
         goto done;
     }
     size_t n = 0;
-    if (merge_missing(t, disk) != 0 || !(entries = sorted_entries(t, &n))) {
+    if (awq_table_merge_missing(t, disk) != 0 || !(entries = sorted_entries(t, &n))) {
         warnf(&w, "out of memory saving the autotune cache %s", path);
         goto done;
     }
@@ -1196,117 +769,3 @@ int awq_cache_remove(const char *path, char *warn, size_t warn_len)
     return w.len && w.buf[0] ? 1 : 0;
 }
 
-/* ======================================================================
- * Tuning
- * ====================================================================== */
-
-awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
-                    void *ctx, awq_tune_value *best, int *detail)
-{
-    if (detail)
-        *detail = 0;
-    if (!p || !candidates || n <= 0 || !time_fn || !best)
-        return AWQ_ERR_CONFIG;
-    awq_tune_value b = {{0}, 0.0f};
-    float b_rank = 0.0f; /* b.us, or the default's handicapped time */
-    int found = 0;
-    for (int i = 0; i < n; i++) {
-        float us = 0.0f;
-        int d = 0;
-        awq_status s = time_fn(p, &candidates[i], &us, &d, ctx);
-        if (s == AWQ_ERR_CONFIG)
-            continue;
-        if (s != AWQ_OK) {
-            if (detail)
-                *detail = d;
-            return s;
-        }
-        if (!isfinite(us) || us < 0.0f)
-            continue;
-        const float rank = i == 0 ? us * AWQ_TUNE_DEFAULT_MARGIN : us;
-        if (!found || rank < b_rank) {
-            b.config = candidates[i];
-            b.us = us;
-            b_rank = rank;
-            found = 1;
-        }
-    }
-    if (!found)
-        return AWQ_ERR_CONFIG;
-    *best = b;
-    return AWQ_OK;
-}
-
-int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
-{
-    static const int64_t chunks[] = {8, 32, 128, 512};
-    if (!configs || cap <= 0)
-        return 0;
-    int n = 0;
-    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
-    if (!p || p->K <= 0)
-        return n;
-
-    int max_threads = awq_cpu_max_threads();
-    if (max_threads < 1)
-        max_threads = 1;
-    int threads[34], nt = 0;
-    for (int t = 1; t < max_threads && nt < 32; t *= 2)
-        threads[nt++] = t;
-    threads[nt++] = max_threads;
-
-    for (int ti = 0; ti < nt; ti++) {
-        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
-            if (ci > 0 && chunks[ci - 1] >= p->K)
-                break; /* the previous chunk already held all of K */
-            int64_t items = (p->K + chunks[ci] - 1) / chunks[ci];
-            if (threads[ti] > 1 && threads[ti] > items)
-                continue; /* some threads would have nothing to do */
-            if (n == cap)
-                return n;
-            configs[n++] = (awq_config){
-                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
-        }
-    }
-    return n;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                        void *ctx)
-{
-    const awq_cpu_timing *o = ctx;
-    int warmup = o ? o->warmup : 1;
-    int runs = o ? o->runs : 3;
-    double budget = o ? o->budget_us : 20000.0;
-    if (detail)
-        *detail = 0;
-    if (runs < 1)
-        runs = 1;
-    for (int i = 0; i < warmup; i++) {
-        awq_status s = awq_cpu_dequantize(p, c);
-        if (s != AWQ_OK)
-            return s;
-    }
-    double best = 0.0, spent = 0.0;
-    for (int i = 0; i < runs; i++) {
-        double t0 = now_us();
-        awq_status s = awq_cpu_dequantize(p, c);
-        double dt = now_us() - t0;
-        if (s != AWQ_OK)
-            return s;
-        if (i == 0 || dt < best)
-            best = dt;
-        spent += dt;
-        if (budget > 0.0 && spent >= budget)
-            break;
-    }
-    *us = (float)best;
-    return AWQ_OK;
-}

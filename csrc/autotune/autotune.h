@@ -1,6 +1,7 @@
 /*
- * autotune.h -- the autotune cache: candidate timing, an in-memory hash
- * table of tuned launch configurations, and its on-disk persistence.
+ * autotune/autotune.h -- the autotune cache: an in-memory hash table of
+ * tuned launch configurations (table.c), its on-disk persistence (file.c)
+ * and the tuning loop (tune.c).  Each backend lists its own candidates.
  *
  * Pure C (C11 + POSIX): no Python here.  Every function may be called
  * without the GIL; the table is guarded by its own mutex.
@@ -71,6 +72,21 @@ typedef struct {
 
 typedef struct awq_table awq_table;
 
+/* splitmix64's finalizer: a cheap bijection that spreads every input bit
+ * over the whole word, so that consecutive K or N land far apart. */
+static inline uint64_t awq_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    return x;
+}
+
+/* FNV-1a over the device string, then each integer field mixed in.
+ * Never 0: the table uses 0 to mark an empty slot. */
+
 /* ---- keys, values and names -------------------------------------------- */
 
 /* Zero-fills *k and sets its fields.  Returns 0, or -1 (and leaves *k
@@ -81,14 +97,6 @@ int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, i
 /* 1 when the key / value obeys the rules of the file format above. */
 int awq_tune_key_valid(const awq_tune_key *k);
 int awq_tune_value_valid(const awq_tune_value *v);
-
-/* "float16" / "bfloat16" / "float32"; "auto" / "v1".."v4" / "cpu".
- * NULL for an out-of-range id.  Static storage. */
-const char *awq_tune_dtype_name(int dtype);
-const char *awq_tune_kernel_name(int kernel);
-/* Exact-name parsers: 0 and *out set, or -1. */
-int awq_tune_parse_dtype(const char *name, awq_dtype *out);
-int awq_tune_parse_kernel(const char *name, awq_kernel *out);
 
 /* ---- the in-memory table ------------------------------------------------ */
 
@@ -110,6 +118,20 @@ void awq_table_clear(awq_table *t);
 /* Copies up to cap entries (in no particular order) into keys[] / vals[]
  * (either may be NULL); returns how many were copied. */
 size_t awq_table_snapshot(awq_table *t, awq_tune_key *keys, awq_tune_value *vals, size_t cap);
+
+typedef struct {
+    awq_tune_key key;
+    awq_tune_value val;
+} awq_tune_entry;
+
+/* Every entry, in no particular order, as one consistent snapshot in a
+ * malloc'd array the caller frees; *n receives the count.  NULL (and *n 0)
+ * when memory runs out or t is NULL. */
+awq_tune_entry *awq_table_entries(awq_table *t, size_t *n);
+
+/* Copies every entry of src into dst where dst lacks the key (dst's values
+ * win).  0, or -1 out of memory (dst then holds part of src). */
+int awq_table_merge_missing(awq_table *dst, awq_table *src);
 
 /* ---- persistence ---------------------------------------------------------
  * Every function below returns 0 when all went fine and 1 when it wrote a
@@ -162,25 +184,6 @@ typedef awq_status (*awq_time_fn)(const awq_problem *p, const awq_config *c, flo
 
 awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
                     void *ctx, awq_tune_value *best, int *detail);
-
-/* CPU search space: the backend default (threads = chunk = 0) first, then
- * threads in {1, 2, 4, ... < max, max} (max = awq_cpu_max_threads()) times
- * chunk in {8, 32, 128, 512} rows, without chunks past the one that already
- * covers K and without more threads than work items.  Returns how many
- * were written (at most cap). */
-int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
-
-/* Optional ctx of awq_cpu_time (NULL: warmup 1, runs 3, budget_us 20000). */
-typedef struct {
-    int warmup;       /* untimed runs first */
-    int runs;         /* timed runs; the best one is reported */
-    double budget_us; /* stop timing early once the timed runs took this long (0: never) */
-} awq_cpu_timing;
-
-/* An awq_time_fn: runs awq_cpu_dequantize, timed with CLOCK_MONOTONIC,
- * best of a few runs.  *detail is set to 0. */
-awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                        void *ctx);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,62 @@
+/*
+ * cpu/cpu.h -- the host backend's entry points.
+ *
+ * Pure C: nothing here touches a Python object, so callers release the GIL
+ * around every call.
+ */
+#ifndef AWQ_CPU_H
+#define AWQ_CPU_H
+
+#include "awq.h"
+#include "autotune/autotune.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- kernels ---- */
+
+awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
+
+/* ---- the platform (cpu/platform.c) ---- */
+
+int awq_cpu_has_openmp(void);
+/* OpenMP's thread count; 1 in a child forked after a parallel region. */
+int awq_cpu_max_threads(void);
+/* Threads for a parallel region: `requested` (0 = all) clamped to the
+ * maximum.  Call right before the region: the first call registers the
+ * at-fork handler that makes a forked child run on one thread.  A result
+ * of 1 means: run serially, outside any parallel region. */
+int awq_cpu_threads(int requested);
+/* 1 when the AVX2 + F16C kernels run (the CPU has both, and
+ * AWQ_FAST_DEQUANT_CPU_SCALAR is unset). */
+int awq_cpu_use_avx2(void);
+const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "avx2+f16c" */
+
+/* ---- tuning (cpu/tune.c) ---- */
+
+/* CPU search space: the backend default (threads = chunk = 0) first, then
+ * threads in {1, 2, 4, ... < max, max} (max = awq_cpu_max_threads()) times
+ * chunk in {8, 32, 128, 512} rows, without chunks past the one that already
+ * covers K and without more threads than work items.  Returns how many
+ * were written (at most cap). */
+int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
+
+/* Optional ctx of awq_cpu_time (NULL: warmup 1, runs 3, budget_us 20000). */
+typedef struct {
+    int warmup;       /* untimed runs first */
+    int runs;         /* timed runs; the best one is reported */
+    double budget_us; /* stop timing early once the timed runs took this long (0: never) */
+} awq_cpu_timing;
+
+/* An awq_time_fn: runs awq_cpu_dequantize, timed with CLOCK_MONOTONIC,
+ * best of a few runs.  *detail is set to 0. */
+awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
+                        void *ctx);
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AWQ_CPU_H */

@@ -1,0 +1,83 @@
+/*
+ * cpu/tune.c -- what the autotuner tries on the host, and its clock there.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "autotune/autotune.h"
+#include "cpu/cpu.h"
+
+#include <time.h>
+
+int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
+{
+    static const int64_t chunks[] = {8, 32, 128, 512};
+    if (!configs || cap <= 0)
+        return 0;
+    int n = 0;
+    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
+    if (!p || p->K <= 0)
+        return n;
+
+    int max_threads = awq_cpu_max_threads();
+    if (max_threads < 1)
+        max_threads = 1;
+    int threads[34], nt = 0;
+    for (int t = 1; t < max_threads && nt < 32; t *= 2)
+        threads[nt++] = t;
+    threads[nt++] = max_threads;
+
+    for (int ti = 0; ti < nt; ti++) {
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            if (ci > 0 && chunks[ci - 1] >= p->K)
+                break; /* the previous chunk already held all of K */
+            int64_t items = (p->K + chunks[ci] - 1) / chunks[ci];
+            if (threads[ti] > 1 && threads[ti] > items)
+                continue; /* some threads would have nothing to do */
+            if (n == cap)
+                return n;
+            configs[n++] = (awq_config){
+                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
+        }
+    }
+    return n;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
+                        void *ctx)
+{
+    const awq_cpu_timing *o = ctx;
+    int warmup = o ? o->warmup : 1;
+    int runs = o ? o->runs : 3;
+    double budget = o ? o->budget_us : 20000.0;
+    if (detail)
+        *detail = 0;
+    if (runs < 1)
+        runs = 1;
+    for (int i = 0; i < warmup; i++) {
+        awq_status s = awq_cpu_dequantize(p, c);
+        if (s != AWQ_OK)
+            return s;
+    }
+    double best = 0.0, spent = 0.0;
+    for (int i = 0; i < runs; i++) {
+        double t0 = now_us();
+        awq_status s = awq_cpu_dequantize(p, c);
+        double dt = now_us() - t0;
+        if (s != AWQ_OK)
+            return s;
+        if (i == 0 || dt < best)
+            best = dt;
+        spent += dt;
+        if (budget > 0.0 && spent >= budget)
+            break;
+    }
+    *us = (float)best;
+    return AWQ_OK;
+}

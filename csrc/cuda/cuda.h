@@ -1,0 +1,77 @@
+/*
+ * cuda/cuda.h -- the CUDA backend's entry points, callable from C.
+ *
+ * Implemented by cuda/launch.cu and cuda/dequantize.cu, or by cuda/stub.c in a
+ * CPU-only build (every entry then reports AWQ_ERR_NO_CUDA).  No entry point
+ * aborts or synchronizes, except awq_cuda_time on its last event.
+ */
+#ifndef AWQ_CUDA_H
+#define AWQ_CUDA_H
+
+#include "awq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int awq_cuda_compiled(void);      /* 1 when the CUDA backend is linked in */
+const char *awq_cuda_archs(void); /* e.g. "75;80;86;89;90;100;120" or "" */
+int awq_cuda_runtime_version(void);
+/* Number of usable devices; 0 when there is no driver or no device
+ * (never an error).  *detail receives the cudaError_t of the probe. */
+int awq_cuda_device_count(int *detail);
+
+/* Launch one dequantization on p->stream of device p->device.  Sets the
+ * current device for the call and restores it.  Never synchronizes. */
+awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *detail);
+
+/* Launch an empty one-block kernel on `stream` of `device`, the way
+ * awq_cuda_dequantize launches (device scope, launch, error check): the
+ * floor under any launch, for the benchmark's host-overhead reference. */
+awq_status awq_cuda_empty_launch(int device, void *stream, int *detail);
+
+/* How kernels are launched in this process: "driver" (cuLaunchKernel, found
+ * through the runtime), "runtime" (cudaLaunchKernel: a runtime older than
+ * 12.5, a driver without the entry point, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1)
+ * or "none" (a CPU-only build).  Static storage. */
+const char *awq_cuda_launch_path(void);
+
+/* Text of a cudaError_t (static storage). */
+const char *awq_cuda_error_string(int detail);
+
+/* Device identity for cache keys: name and compute capability. */
+awq_status awq_cuda_device_identity(int device, char *name, size_t name_len, int *major,
+                                    int *minor, int *detail);
+
+/* 1 when `stream` on `device` is capturing a CUDA graph, 0 otherwise. */
+awq_status awq_cuda_stream_capturing(int device, void *stream, int *capturing, int *detail);
+
+/* Scratch memory written between timed launches so that each starts with
+ * a cold L2, as a layer does inside a model (and as the benchmark times
+ * it).  ptr is NULL when it could not be allocated: timing then runs warm. */
+typedef struct {
+    int device;
+    void *ptr;
+    size_t bytes; /* twice the device's L2 */
+} awq_cuda_flush;
+
+awq_status awq_cuda_flush_create(int device, awq_cuda_flush *f, int *detail);
+void awq_cuda_flush_destroy(awq_cuda_flush *f);
+
+/* Time a configuration: `warmup` launches, then `iters` launches, each
+ * preceded by a write of `flush` (when given) and bracketed by its own CUDA
+ * events on p->stream; *ms receives the median time of one launch.
+ * Synchronizes on the last event only (tuning, never the hot path). */
+awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cuda_flush *flush,
+                         int warmup, int iters, float *ms, int *detail);
+
+/* Fill `configs` with up to `cap` candidate configurations for this
+ * problem (the autotuner's search space), the default first; returns how
+ * many. */
+int awq_cuda_candidates(const awq_problem *p, awq_config *configs, int cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AWQ_CUDA_H */
