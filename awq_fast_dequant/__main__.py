@@ -43,8 +43,8 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
+        value = None
+    if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"wants a positive integer, got {text!r}")
     return value
 
@@ -101,12 +101,12 @@ def _cmd_tune(args) -> int:
 
     device = args.device or ("cuda" if awq.cuda_available() else "cpu")
     if device == "cuda" and not awq.cuda_available():
-        args.parser.error("--device cuda, but there is no usable CUDA device (or this build is "
-                     "CPU-only)")
+        args.parser.error("--device cuda, but there is no usable CUDA device (or this build "
+                          "is CPU-only)")
     for K, N in args.shapes:
         if K % args.group or N % 8:
-            args.parser.error(f"--shapes {K}x{N}: K must be a multiple of --group ({args.group}) "
-                         f"and N of 8")
+            args.parser.error(f"--shapes {K}x{N}: K must be a multiple of --group "
+                              f"({args.group}) and N of 8")
     rng = np.random.default_rng(0)
     tuned = 0
     for K, N in args.shapes:
@@ -135,7 +135,7 @@ def _cmd_tune(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="awq_fast_dequant command line "
-                                     f"(also run as python -m awq_fast_dequant)")
+                                     "(also run as python -m awq_fast_dequant)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_info = sub.add_parser("info", help="build and device information, as JSON")
     p_info.set_defaults(run=_cmd_info)
