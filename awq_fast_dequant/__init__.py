@@ -11,7 +11,38 @@ the result comes back in the framework of ``qweight``.
 
 from __future__ import annotations
 
-from . import _C
+
+def _import_extension():
+    """The compiled extension, or an ImportError that says why it is missing and
+    what to do (the bare failure reads like a circular import)."""
+    try:
+        from . import _C
+    except ImportError as exc:
+        import glob
+        import importlib.machinery
+        import os
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        built = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                 for p in glob.glob(os.path.join(glob.escape(here), "_C" + suffix))]
+        if built:
+            raise ImportError(
+                f"awq_fast_dequant's compiled extension {built[0]} failed to load: {exc}. "
+                f"Reinstall the package for this Python and NumPy (from its source folder: "
+                f"pip install --force-reinstall --no-build-isolation --no-deps .)"
+            ) from exc
+        raise ImportError(
+            f"awq_fast_dequant's compiled extension (_C) is not in {here}. Python imported "
+            f"the package from a source folder, which has no build and shadows the installed "
+            f"package (the current folder comes first on sys.path), or the package was never "
+            f"built. Install it with `pip install .` and run Python from another folder, or "
+            f"build it in place with `python setup.py build_ext --inplace`."
+        ) from None
+    return _C
+
+
+_C = _import_extension()
+
 from ._frameworks import allocate as _allocate, current_stream as _current_stream
 from .quant import pack, quantize, unpack
 from . import reference

@@ -3,9 +3,12 @@
 The packing (which nibble holds which column, ``ORDER`` / ``REVERSE``) is defined
 once, in :mod:`awq_fast_dequant.reference`; this module only applies it.
 
-Everything here is NumPy, vectorised and deterministic. NumPy arrays in give NumPy
-arrays out; torch tensors in (any device) give torch CPU tensors out. torch is
-never imported by this module: a tensor can only exist if the caller imported it.
+Everything here is NumPy, vectorised and deterministic. NumPy arrays (and nested
+lists) in give NumPy arrays out; torch tensors in (any device) give torch CPU tensors
+out. torch is never imported by this module: a tensor can only exist if the caller
+imported it. What cannot be read as numbers on the host (a meta or sparse tensor, a
+type NumPy lacks, an array in non-native byte order) raises TypeError naming the
+argument, before any work.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ _COLUMN_SHIFTS = tuple(np.uint32(4 * nibble) for nibble in REVERSE)
 # float32 temporaries of quantize() to a few tens of MB.
 _BLOCK_ELEMS = 1 << 21
 
-_TORCH_DTYPE_NAMES = {"float16", "bfloat16", "float32", "float64"}
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+_INTEGER_NAMES = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+
+# Conversions to NumPy can fail in these ways (ragged lists, arrays on a GPU, dtypes
+# NumPy lacks); MemoryError and KeyboardInterrupt are not among them and pass through.
+_READ_ERRORS = (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError,
+                AttributeError)
 
 
 def _torch_of(x):
@@ -37,15 +46,73 @@ def _torch_of(x):
     return None
 
 
-def _integer_matrix(x, name: str):
-    """(NumPy 2-D integer array, torch module or None) for pack/unpack inputs."""
+def _tensor_to_numpy(t, torch, name: str, expected: str) -> np.ndarray:
+    """A NumPy copy of the values of a torch tensor on any device."""
+    if t.device.type == "meta":
+        raise TypeError(
+            f"{name} is a meta tensor: it has a shape and a dtype but no values to read; "
+            f"pass a tensor that holds data"
+        )
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(
+            f"{name} must be a dense (strided) tensor; got layout {t.layout}"
+            f"{' (nested)' if t.is_nested else ''}; pass {name}.to_dense()"
+        )
+    # resolve_*: torch refuses .numpy() on lazily negated or conjugated views.
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        t = t.float()  # NumPy has no bfloat16; the widening is exact
+    try:
+        return t.numpy()
+    except _READ_ERRORS as e:  # older torch converts no uint16..uint64
+        raise TypeError(f"{name} must be {expected}; torch {torch.__version__} cannot hand "
+                        f"{t.dtype} to NumPy") from e
+
+
+def _numpy_array(x, name: str, expected: str) -> np.ndarray:
+    """np.asarray(x) for what is not a torch tensor, refused by name when NumPy cannot
+    read it as numbers or holds it in non-native byte order."""
+    try:
+        arr = np.asarray(x)
+    except _READ_ERRORS as e:
+        raise TypeError(
+            f"{name} must be a NumPy array, a torch tensor or nested lists of numbers "
+            f"({expected}); could not read {type(x).__name__}: {e}"
+        ) from e
+    if not arr.dtype.isnative:
+        raise TypeError(
+            f"{name} has non-native byte order; convert it with "
+            f"arr.astype(arr.dtype.newbyteorder('='))"
+        )
+    if arr.dtype.hasobject:  # np.asarray of an object it cannot read as numbers
+        raise TypeError(
+            f"{name} must be {expected}; got {type(x).__name__}, which NumPy reads only as "
+            f"Python objects"
+        )
+    return arr
+
+
+def _matrix(x, name: str, expected: str, dtype_names):
+    """(x as a 2-D NumPy array, its dtype's name as given, torch module or None).
+
+    The dtype must be one of dtype_names. Anything that cannot be read as numbers on
+    the host raises TypeError naming `name`, as does an array in non-native byte
+    order: the package's C core refuses those too, and one rule for every function
+    beats a silent byte swap in some."""
     torch = _torch_of(x)
-    arr = x.detach().cpu().numpy() if torch is not None else np.asarray(x)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array; got {arr.dtype}")
+    if torch is not None:
+        dtype_name = str(x.dtype).removeprefix("torch.")
+    else:
+        arr = _numpy_array(x, name, expected)
+        dtype_name = arr.dtype.name
+    # before a tensor's conversion: float8, qint8 and others have no NumPy type
+    if dtype_name not in dtype_names:
+        raise TypeError(f"{name} must be {expected}; got {dtype_name}")
+    if torch is not None:
+        arr = _tensor_to_numpy(x, torch, name, expected)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be 2-D; got shape {arr.shape}")
-    return arr, torch
+    return arr, dtype_name, torch
 
 
 def _pack_nibbles(values: np.ndarray) -> np.ndarray:
@@ -63,7 +130,7 @@ def pack(intweights):
     Column n of the input lands in word n // 8, at the nibble the AWQ layout gives it
     (see awq_fast_dequant.reference). unpack() is the inverse.
     """
-    values, torch = _integer_matrix(intweights, "intweights")
+    values, _, torch = _matrix(intweights, "intweights", "an integer array", _INTEGER_NAMES)
     K, N = values.shape
     if N % 8:
         raise ValueError(f"intweights must have a multiple of 8 columns; got shape {values.shape}")
@@ -81,9 +148,7 @@ def pack(intweights):
 
 def unpack(qweight):
     """Unpack int32/uint32 [K, N/8] AWQ words into their 4-bit values, uint8 [K, N]."""
-    arr, torch = _integer_matrix(qweight, "qweight")
-    if arr.dtype not in (np.int32, np.uint32):
-        raise TypeError(f"qweight must be int32 or uint32; got {arr.dtype}")
+    arr, _, torch = _matrix(qweight, "qweight", "int32 or uint32", ("int32", "uint32"))
     words = np.ascontiguousarray(arr).view(np.uint32)
     K, W = words.shape
     values = np.empty((K, 8 * W), dtype=np.uint8)
@@ -94,26 +159,8 @@ def unpack(qweight):
 
 def _weight_matrix(weight):
     """(NumPy 2-D float array, scales type name, torch module or None)."""
-    torch = _torch_of(weight)
-    if torch is not None:
-        t = weight.detach().cpu()
-        name = str(t.dtype).removeprefix("torch.")
-        if name not in _TORCH_DTYPE_NAMES:
-            raise TypeError(
-                f"weight must be float16, bfloat16, float32 or float64; got {t.dtype}"
-            )
-        # NumPy has no bfloat16: widen it, exactly, to float32.
-        arr = t.float().numpy() if name == "bfloat16" else t.numpy()
-    else:
-        arr = np.asarray(weight)
-        name = arr.dtype.name
-        if name not in _TORCH_DTYPE_NAMES:
-            raise TypeError(
-                f"weight must be float16, bfloat16 (ml_dtypes), float32 or float64; "
-                f"got {arr.dtype}"
-            )
-    if arr.ndim != 2:
-        raise ValueError(f"weight must be 2-D [K, N]; got shape {arr.shape}")
+    arr, name, torch = _matrix(weight, "weight", "float16, bfloat16, float32 or float64",
+                               _FLOAT_NAMES)
     if arr.shape[1] % 8:
         raise ValueError(
             f"weight must have a multiple of 8 columns (N = out_features); got shape {arr.shape}"
@@ -123,9 +170,17 @@ def _weight_matrix(weight):
 
 
 def _check_group_size(group_size, K: int) -> int:
-    if group_size is None or group_size == -1:
+    if group_size is None:
         return max(K, 1)  # per channel: one group spans every row
+    # bool has __index__ but is never a group size (the C core refuses it too)
+    if isinstance(group_size, bool) or not hasattr(type(group_size), "__index__"):
+        raise TypeError(
+            f"group_size must be an int (or -1/None for per-channel); "
+            f"got {type(group_size).__name__}"
+        )
     G = operator.index(group_size)
+    if G == -1:
+        return max(K, 1)
     if G < 1 or K % G:
         raise ValueError(
             f"group_size must divide K={K} (weight rows), or be -1/None for per-channel; "

@@ -341,26 +341,6 @@ def test_read_only_folder(cache_dir, rng):
         cache_dir.chmod(0o755)
 
 
-# ---- command line ----
-
-def test_cli_cache_and_tune(tmp_path):
-    env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path))
-
-    def cli(*args):
-        r = subprocess.run([sys.executable, "-m", "awq_fast_dequant", *args], env=env,
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-
-    assert cli("cache", "path").strip() == str(tmp_path / "autotune.txt")
-    out = cli("tune", "--shapes", "128x64,256x128", "--group", "64", "--device", "cpu")
-    assert "tunings this run: 2" in out
-    shown = cli("cache", "show")
-    assert "2 entries" in shown and "128" in shown and "256" in shown
-    cli("cache", "clear")
-    assert "0 entries" in cli("cache", "show")
-
-
 # ---- GPU ----
 
 @pytest.mark.gpu

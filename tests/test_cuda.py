@@ -1,6 +1,7 @@
 """The CUDA backend: every kernel against the NumPy reference, streams,
 graphs, devices, frameworks.  Skipped without a usable GPU."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import DTYPES, make_problem
+from conftest import DTYPES, child_env, make_problem, torch_problem
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")]
@@ -22,11 +23,7 @@ KERNELS = ("v1", "v2", "v3", "v4", "auto")
 PAIRS = [(s, o) for s in DTYPES for o in DTYPES]
 
 
-def to_cuda(rng, K, N, G, scale_dtype, device="cuda"):
-    qw, qz, sc = make_problem(rng, K, N, G, "float32")
-    t = (torch.from_numpy(qw).to(device), torch.from_numpy(qz).to(device),
-         torch.from_numpy(sc).to(device, getattr(torch, scale_dtype)))
-    return t
+to_cuda = functools.partial(torch_problem, device="cuda")
 
 
 def check(got, qw, qz, sc, out_dtype=None):
@@ -309,9 +306,9 @@ print("runtime path ok")
 def test_runtime_launch_path_is_bitexact():
     """AWQ_FAST_DEQUANT_RUNTIME_LAUNCH=1 keeps every launch on cudaLaunchKernel
     (the fallback path): every kernel, a side stream and the floor's launch."""
-    env = dict(os.environ, AWQ_FAST_DEQUANT_RUNTIME_LAUNCH="1")
+    env = child_env(AWQ_FAST_DEQUANT_RUNTIME_LAUNCH="1")
     tests = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", _RUNTIME_PATH_SCRIPT, tests], env=env,
+    r = subprocess.run([sys.executable, "-c", _RUNTIME_PATH_SCRIPT, tests], env=env, cwd=tests,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "runtime path ok" in r.stdout

@@ -79,7 +79,7 @@ def test_bad_out_dtype(prob):
 def test_unknown_keyword(prob):
     qw, qz, sc, out = prob
     with pytest.raises(TypeError, match="groupsize"):
-        awq.dequantize(qw, qz, sc, groupsize=32)
+        awq.dequantize(qw, qz, sc, out=out, groupsize=32)
     assert (out == 7.0).all()
 
 
@@ -137,10 +137,10 @@ def test_group_size_nonpositive(prob):
 def test_rows_not_dividing_k(rng):
     qw, qz, sc = make_problem(rng, 60, 16, 20)  # 3 groups of 20
     qz2, sc2 = qz[:2].copy(), sc[:2].copy()  # 2 groups: 60 / 2 = 30 would do...
-    out = np.full((60, 16), 7.0, np.float16)
     qw7 = qw[:7].copy()  # ...but K = 7 is not a multiple of 2
+    out = np.full((7, 16), 7.0, np.float16)
     with pytest.raises(ValueError, match="scales and qzeros have 2 rows, which does not divide K = 7"):
-        awq.dequantize(qw7, qz2, sc2)
+        awq.dequantize(qw7, qz2, sc2, out=out)
     assert (out == 7.0).all()
 
 

@@ -7,7 +7,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import DTYPES, make_problem, np_dtype
+from conftest import DTYPES, DLPackOnly, make_problem, np_dtype, torch_problem
 
 
 def test_read_only_inputs_frombuffer(rng):
@@ -29,22 +29,6 @@ def test_read_only_memory_map(rng, tmp_path):
     c = mm[qw.nbytes + qz.nbytes:].view(np.float16).reshape(sc.shape)
     assert not a.flags.writeable
     reference.assert_bitexact(awq.dequantize(a, b, c), reference.dequantize(qw, qz, sc))
-
-
-class DLPackOnly:
-    """A producer that speaks only the DLPack protocol (no NumPy, no exchange API)."""
-
-    def __init__(self, arr, legacy=False):
-        self.arr, self.legacy, self.calls = arr, legacy, []
-
-    def __dlpack_device__(self):
-        return self.arr.__dlpack_device__()
-
-    def __dlpack__(self, stream=None, **kw):
-        self.calls.append(dict(stream=stream, **kw))
-        if self.legacy and "max_version" in kw:
-            raise TypeError("unexpected keyword argument 'max_version'")
-        return self.arr.__dlpack__(stream=stream, **kw)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -69,27 +53,19 @@ def test_dlpack_out_is_written(rng):
 # ---- torch CPU ----
 
 
-
 @pytest.fixture
 def torch_mod():
     return pytest.importorskip("torch")
 
 
-def _torch_scales(torch_mod, sc_np, name):
-    t = torch_mod.from_numpy(np.asarray(sc_np, dtype=np.float32))
-    return t.to(getattr(torch_mod, name))
-
-
 @pytest.mark.parametrize("scale_dtype", DTYPES)
 @pytest.mark.parametrize("out_dtype", [None, *DTYPES])
 def test_torch_cpu(rng, torch_mod, scale_dtype, out_dtype):
-    qw, qz, sc = make_problem(rng, 128, 136, 32, "float32")
-    tsc = _torch_scales(torch_mod, sc, scale_dtype)
-    got = awq.dequantize(torch_mod.from_numpy(qw), torch_mod.from_numpy(qz), tsc,
-                         out_dtype=out_dtype and getattr(torch_mod, out_dtype))
+    qw, qz, sc = torch_problem(rng, 128, 136, 32, scale_dtype)
+    got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype and getattr(torch_mod, out_dtype))
     assert isinstance(got, torch_mod.Tensor) and got.device.type == "cpu"
     assert got.dtype == getattr(torch_mod, out_dtype or scale_dtype)
-    reference.assert_bitexact(got, reference.dequantize(qw, qz, tsc, out_dtype=out_dtype))
+    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
 
 
 def test_torch_out_and_slices(rng, torch_mod):

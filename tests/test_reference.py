@@ -1,4 +1,4 @@
-"""Tests of the NumPy oracle (awq_fast_dequant.reference) and of quantize/pack/unpack.
+"""Tests of the NumPy oracle (awq_fast_dequant.reference).
 
 The worked examples below are computed by hand from DESIGN.md section 1, so that
 the reference itself is checked against something other than code.
@@ -7,8 +7,10 @@ the reference itself is checked against something other than code.
 import numpy as np
 import pytest
 
-from awq_fast_dequant import quant, reference
+from awq_fast_dequant import reference
 from awq_fast_dequant.reference import ORDER, REVERSE, assert_bitexact, to_bits
+
+from conftest import WORKED_QWEIGHT, WORKED_QZEROS, random_words, words
 
 
 def f16(*bits):
@@ -19,11 +21,6 @@ def f16(*bits):
 def f32(*bits):
     """float32 values from their bit patterns."""
     return np.array(bits, dtype=np.uint32).view(np.float32)
-
-
-def words(*values):
-    """A packed-word array (int32) from unsigned 32-bit values."""
-    return np.array(values, dtype=np.uint32).view(np.int32)
 
 
 # --- the layout constants -------------------------------------------------
@@ -37,13 +34,10 @@ def test_reverse_is_the_inverse_of_order():
 
 # --- one word, by hand ----------------------------------------------------
 #
-# qweight word 0xBE0F92A7. Its nibbles, least significant first:
-#     nibble   0  1  2  3  4  5  6  7
-#     value    7 10  2  9 15  0 14 11
-# Column j reads nibble REVERSE[j] = [0, 4, 1, 5, 2, 6, 3, 7][j]:
+# The words WORKED_QWEIGHT = 0xBE0F92A7 and WORKED_QZEROS = 0x12345678, whose q
+# and z by column are worked out in conftest.py:
 #     column   0  1  2  3  4  5  6  7
 #     q        7 15 10  0  2 14  9 11
-# qzeros word 0x12345678: nibbles 8 7 6 5 4 3 2 1, so by column:
 #     z        8  4  7  3  6  2  5  1
 #     q - z   -1 11  3 -3 -4 12  4 10
 #
@@ -64,8 +58,6 @@ def test_reverse_is_the_inverse_of_order():
 #          (the rounding boundary of the largest float16)    -> +inf 0x7C00
 #   col 7: 10 * 1.5    (0x3E00) = 15.0 = 1.875 * 2^3: 0x4800 | 0x380 -> 0x4B80
 
-WORKED_QWEIGHT = 0xBE0F92A7
-WORKED_QZEROS = 0x12345678
 WORKED_SCALES = (0x3800, 0x3C01, 0x3C01, 0xC000, 0x3400, 0x0001, 0x7BFF, 0x3E00)
 WORKED_F16_OUT = (0xB800, 0x4981, 0x4202, 0x4600, 0xBC00, 0x000C, 0x7C00, 0x4B80)
 
@@ -138,8 +130,8 @@ def test_vectorised_reference_matches_element_loop(monkeypatch, block_elems):
     monkeypatch.setattr(reference, "_BLOCK_ELEMS", block_elems)
     rng = np.random.default_rng(1)
     K, N, G = 12, 24, 4
-    qweight = rng.integers(0, 2**32, size=(K, N // 8), dtype=np.uint32).view(np.int32)
-    qzeros = rng.integers(0, 2**32, size=(K // G, N // 8), dtype=np.uint32).view(np.int32)
+    qweight = random_words(rng, (K, N // 8))
+    qzeros = random_words(rng, (K // G, N // 8))
     scales = (rng.standard_normal((K // G, N)) * 0.01).astype(np.float16)
     out = reference.dequantize(qweight, qzeros, scales)
     assert_bitexact(out, loop_oracle(qweight, qzeros, scales, G))
@@ -307,8 +299,8 @@ def test_zero_size():
 def test_torch_inputs_match_numpy_inputs():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
-    qweight = rng.integers(0, 2**32, size=(64, 4), dtype=np.uint32).view(np.int32)
-    qzeros = rng.integers(0, 2**32, size=(2, 4), dtype=np.uint32).view(np.int32)
+    qweight = random_words(rng, (64, 4))
+    qzeros = random_words(rng, (2, 4))
     scales = torch.randn(2, 32, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         s = scales.to(dtype)
@@ -354,192 +346,3 @@ def test_assert_bitexact_reports_first_index_and_count_in_2d():
     b[2, 0] = 2.0
     with pytest.raises(AssertionError, match=r"2 of 12 .* \(1, 2\).*0x00000000.*0x3f800000"):
         assert_bitexact(a, b)
-
-
-# --- pack / unpack ---------------------------------------------------------
-
-
-def test_pack_of_a_hand_written_row():
-    # The q and z rows of the worked example, packed back into their words.
-    assert quant.pack(np.array([[7, 15, 10, 0, 2, 14, 9, 11]])).view(np.uint32).tolist() == [
-        [WORKED_QWEIGHT]
-    ]
-    assert quant.pack(np.array([[8, 4, 7, 3, 6, 2, 5, 1]], np.uint8)).tolist() == [
-        [WORKED_QZEROS]
-    ]
-
-
-def test_unpack_of_a_hand_written_word():
-    assert quant.unpack(words(WORKED_QWEIGHT).reshape(1, 1)).tolist() == [
-        [7, 15, 10, 0, 2, 14, 9, 11]
-    ]
-
-
-@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int64])
-def test_pack_unpack_round_trip(dtype):
-    rng = np.random.default_rng(4)
-    values = rng.integers(0, 16, size=(37, 96)).astype(dtype)
-    packed = quant.pack(values)
-    assert packed.dtype == np.int32 and packed.shape == (37, 12)
-    unpacked = quant.unpack(packed)
-    assert unpacked.dtype == np.uint8
-    np.testing.assert_array_equal(unpacked, values)
-    np.testing.assert_array_equal(quant.pack(unpacked), packed)
-    np.testing.assert_array_equal(quant.unpack(packed.view(np.uint32)), values)
-
-
-def test_pack_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"0\.\.15.*16 at index \(1, 3\)"):
-        quant.pack(np.array([[0] * 8, [0, 0, 0, 16, 0, 0, 0, 0]]))
-    with pytest.raises(ValueError, match="0..15"):
-        quant.pack(np.full((1, 8), -1))
-    with pytest.raises(ValueError, match="multiple of 8"):
-        quant.pack(np.zeros((2, 12), np.uint8))
-    with pytest.raises(ValueError, match="2-D"):
-        quant.pack(np.zeros(8, np.uint8))
-    with pytest.raises(TypeError, match="integer"):
-        quant.pack(np.zeros((2, 8), np.float32))
-    with pytest.raises(TypeError, match="int32 or uint32"):
-        quant.unpack(np.zeros((2, 1), np.int64))
-
-
-def test_pack_unpack_torch_round_trip():
-    torch = pytest.importorskip("torch")
-    values = torch.randint(0, 16, (4, 16), generator=torch.Generator().manual_seed(5))
-    packed = quant.pack(values)
-    assert isinstance(packed, torch.Tensor) and packed.dtype == torch.int32
-    assert torch.equal(quant.unpack(packed).long(), values)
-
-
-# --- quantize -------------------------------------------------------------
-
-
-def check_round_trip(weight, qweight, qzeros, scales, G):
-    """|w - dequantized| <= scale / 2, plus the rounding of the output type."""
-    deq = reference.dequantize(qweight, qzeros, scales, group_size=G, out_dtype="float32")
-    step = reference.dequantize(
-        np.full_like(qweight, 0x11111111), np.zeros_like(qzeros), scales, group_size=G,
-        out_dtype="float32",
-    )  # the scale of every element, broadcast to [K, N]
-    assert (step > 0).all() and np.isfinite(step).all()
-    error = np.abs(weight.astype(np.float64) - deq.astype(np.float64))
-    # The round trip goes through float32 (w / scale, then (q - z) * scale):
-    # allow a few float32 roundings of the largest value in the group.
-    bound = step / 2 * (1 + 2**-16) + 16 * np.spacing(np.float32(1)) * step
-    worst = np.unravel_index(np.argmax(error - bound), error.shape)
-    assert (error <= bound).all(), (
-        f"at {worst}: w={weight[worst]!r} deq={deq[worst]!r} scale={step[worst]!r}"
-    )
-    return deq
-
-
-@pytest.mark.parametrize("G", [32, 128, 256])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_quantize_round_trip_within_half_a_step(G, dtype):
-    rng = np.random.default_rng(6)
-    K, N = 256, 72  # G = 256 is per channel
-    weight = (rng.standard_normal((K, N)) * 0.05).astype(dtype)
-    qweight, qzeros, scales = quant.quantize(weight, group_size=G)
-    assert qweight.dtype == np.int32 and qweight.shape == (K, N // 8)
-    assert qzeros.dtype == np.int32 and qzeros.shape == (K // G, N // 8)
-    assert scales.shape == (K // G, N)
-    assert scales.dtype == (np.float16 if dtype == np.float64 else dtype)
-    deq = check_round_trip(weight, qweight, qzeros, scales, G)
-    # and the result uses the 4-bit range: it is not trivially all zeros
-    assert np.abs(deq).max() > 0.1
-
-
-def test_quantize_float16_output_also_within_half_a_step():
-    rng = np.random.default_rng(7)
-    weight = (rng.standard_normal((64, 16)) * 0.05).astype(np.float16)
-    qweight, qzeros, scales = quant.quantize(weight, group_size=32)
-    deq = reference.dequantize(qweight, qzeros, scales).astype(np.float64)
-    step = np.repeat(scales.astype(np.float64), 32, axis=0)
-    # float16 output adds at most half a float16 step at the value
-    bound = step / 2 * (1 + 2**-16) + np.spacing(np.abs(deq).astype(np.float16)) / 2
-    assert (np.abs(weight - deq) <= bound).all()
-
-
-def test_quantize_edge_groups():
-    # Column 0: a constant positive group; 1: all zeros; 2: all positive;
-    # 3: all negative; 4: one huge outlier; 5: tiny values (width / 15
-    # underflows in float16); 6, 7: ordinary.
-    K = 32
-    rng = np.random.default_rng(8)
-    weight = rng.standard_normal((K, 8)).astype(np.float32)
-    weight[:, 0] = 0.75
-    weight[:, 1] = 0.0
-    weight[:, 2] = rng.uniform(1.0, 1.1, K)
-    weight[:, 3] = -rng.uniform(2.0, 3.0, K)
-    weight[5, 4] = 300.0
-    weight[:, 5] = rng.uniform(-1e-9, 1e-9, K)
-    for dtype in (np.float32, np.float16):
-        w = weight.astype(dtype)
-        qweight, qzeros, scales = quant.quantize(w, group_size=16)
-        assert (scales.astype(np.float32) > 0).all()
-        check_round_trip(w, qweight, qzeros, scales, 16)
-    # the all-zero group dequantizes to exact zeros
-    qweight, qzeros, scales = quant.quantize(weight, group_size=16)
-    assert (reference.dequantize(qweight, qzeros, scales)[:, 1] == 0).all()
-
-
-def test_quantize_bfloat16_numpy():
-    ml_dtypes = pytest.importorskip("ml_dtypes")
-    rng = np.random.default_rng(9)
-    weight = rng.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
-    qweight, qzeros, scales = quant.quantize(weight, group_size=32)
-    assert scales.dtype == ml_dtypes.bfloat16
-    check_round_trip(weight.astype(np.float32), qweight, qzeros, scales, 32)
-
-
-def test_quantize_per_channel_spellings_agree():
-    rng = np.random.default_rng(10)
-    weight = rng.standard_normal((48, 8)).astype(np.float16)
-    a = quant.quantize(weight, group_size=-1)
-    b = quant.quantize(weight, group_size=None)
-    c = quant.quantize(weight, group_size=48)
-    for x, y, z in zip(a, b, c):
-        np.testing.assert_array_equal(x, y)
-        np.testing.assert_array_equal(x, z)
-    assert a[2].shape == (1, 8)
-
-
-def test_quantize_is_independent_of_row_blocks(monkeypatch):
-    rng = np.random.default_rng(11)
-    weight = rng.standard_normal((96, 16)).astype(np.float32)
-    whole = quant.quantize(weight, group_size=32)
-    for block_elems in (16, 16 * 5, 16 * 48):  # 1 row, 5 rows (across groups), 48 rows
-        monkeypatch.setattr(quant, "_BLOCK_ELEMS", block_elems)
-        for x, y in zip(quant.quantize(weight, group_size=32), whole):
-            np.testing.assert_array_equal(x, y)
-
-
-def test_quantize_rejects_bad_input():
-    weight = np.zeros((96, 16), np.float16)
-    with pytest.raises(ValueError, match="group_size"):
-        quant.quantize(weight, group_size=64)
-    with pytest.raises(ValueError, match="group_size"):
-        quant.quantize(weight, group_size=0)
-    with pytest.raises(ValueError, match="multiple of 8"):
-        quant.quantize(np.zeros((96, 12), np.float16), group_size=32)
-    with pytest.raises(TypeError, match="weight"):
-        quant.quantize(np.zeros((96, 16), np.int32), group_size=32)
-    bad = weight.copy()
-    bad[3, 3] = np.nan
-    with pytest.raises(ValueError, match="finite"):
-        quant.quantize(bad, group_size=32)
-    with pytest.raises(ValueError, match="too wide"):
-        # float64 weights get float16 scales, and 2e6 / 15 is beyond 65504
-        quant.quantize(np.array([[-1e6] * 8, [1e6] * 8]), group_size=2)
-
-
-def test_quantize_torch_returns_torch():
-    torch = pytest.importorskip("torch")
-    weight = torch.randn(64, 16, generator=torch.Generator().manual_seed(12))
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        qweight, qzeros, scales = quant.quantize(weight.to(dtype), group_size=32)
-        assert qweight.dtype == torch.int32 and qzeros.dtype == torch.int32
-        assert scales.dtype == (torch.float16 if dtype == torch.float64 else dtype)
-        assert scales.shape == (2, 16)
-        check_round_trip(weight.to(dtype).float().numpy(), qweight.numpy(), qzeros.numpy(),
-                         scales, 32)

@@ -1,8 +1,10 @@
 """Resource hygiene and concurrency: no reference or memory growth over many
-calls (including failing ones), and correct results from concurrent threads."""
+calls (including failing ones), correct results from concurrent threads, and
+the GIL released while the CPU computes."""
 
 import gc
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -64,9 +66,9 @@ def test_no_leaks_through_dlpack(rng):
     assert _rss_kib() - rss < 4096
 
 
-def test_four_threads_at_once(rng):
-    """The GIL is released while the CPU computes: threads overlap and each
-    gets its own right answer."""
+def test_four_threads_each_get_their_own_result(rng):
+    """Four threads released together, 20 calls each on their own problem:
+    every result is right (no state shared between concurrent calls)."""
     problems = [make_problem(rng, 512, 1024, 128) for _ in range(4)]
     expected = [reference.dequantize(*p) for p in problems]
     outs = [np.empty((512, 1024), np.float16) for _ in range(4)]
@@ -78,3 +80,41 @@ def test_four_threads_at_once(rng):
 
     errors = run_threads(4, worker)
     assert not errors, errors
+
+
+def test_the_gil_is_released_during_cpu_work(rng):
+    """Another Python thread runs while dequantize computes on the CPU.
+
+    With the switch interval made huge the interpreter never takes the GIL from
+    a thread on its own, so a woken thread can run Python code only while the
+    caller is inside a call that releases the GIL. The caller wakes the thread
+    and then calls dequantize; it checks whether the thread ran before it does
+    anything else that could release the GIL. A call that held the GIL would
+    never let it run."""
+    qw, qz, sc = make_problem(rng, 1024, 4096, 128)
+    out = np.empty((1024, 4096), np.float16)
+    woken, ran, done = threading.Event(), [], threading.Event()
+
+    def other():
+        woken.wait()
+        ran.append(True)
+        done.set()
+
+    thread = threading.Thread(target=other)
+    interval = sys.getswitchinterval()
+    thread.start()
+    sys.setswitchinterval(1000.0)
+    try:
+        ran_during_a_call = False
+        for _ in range(50):  # the OS may be slow to schedule the thread: a few tries
+            woken.set()
+            awq.dequantize(qw, qz, sc, out=out)
+            ran_during_a_call = bool(ran)
+            if ran_during_a_call:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+        woken.set()
+        done.wait(timeout=60)
+        thread.join(timeout=60)
+    assert ran_during_a_call, "no other thread ran during 50 dequantize calls on the CPU"
