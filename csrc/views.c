@@ -325,6 +325,42 @@ static int check_not_negated(awq_state *st, PyObject *obj, const char *name)
     return 0;
 }
 
+/* The producer could not export the object (a meta or sparse torch
+ * tensor, a framework error): the package's own TypeError, naming the
+ * argument, with the producer's exception as its cause. */
+static void reraise_unreadable(const char *name, PyObject *obj)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+    const char *msg = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    if (msg == NULL) {
+        PyErr_Clear();
+        msg = "unknown error";
+    }
+    /* The producer's first line: torch appends a C++ frame dump. */
+    char first[300];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(msg, "\n"), msg);
+    PyErr_Format(PyExc_TypeError,
+                 "%s (%.200s) cannot be read as an array in CPU or CUDA memory: %s; pass a dense "
+                 "tensor on the CPU or a CUDA device",
+                 name, Py_TYPE(obj)->tp_name, first);
+    if (value != NULL) {
+        PyObject *t2 = NULL, *v2 = NULL, *tb2 = NULL;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        PyException_SetCause(v2, Py_NewRef(value));
+        PyErr_Restore(t2, v2, tb2);
+    }
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
 /* ---- __dlpack__ ---- */
 
 /* 1 when obj has the attribute, 0 when not, -1 on another error
@@ -453,8 +489,10 @@ int awq_view_from_object(awq_state *st, PyObject *obj, const char *name, awq_ndi
     if (api != NULL) {
         DLTensor t;
         memset(&t, 0, sizeof(t));
-        if (api->dltensor_from_py_object_no_sync(obj, &t) < 0)
+        if (api->dltensor_from_py_object_no_sync(obj, &t) < 0) {
+            reraise_unreadable(name, obj);
             return -1;
+        }
         v->api = api;
         /* With an explicit stream that is not the producer's, take the
          * __dlpack__(stream=...) path below so that the producer orders
@@ -492,8 +530,10 @@ int awq_view_from_object(awq_state *st, PyObject *obj, const char *name, awq_ndi
         return -1;
     int cuda = dev.device_type == kDLCUDA || dev.device_type == kDLCUDAManaged;
     PyObject *cap = call_dlpack(st, obj, cuda, opts->have_stream ? opts->stream : 1);
-    if (cap == NULL)
+    if (cap == NULL) {
+        reraise_unreadable(name, obj);
         return -1;
+    }
     const DLPackExchangeAPI *keep_api = v->api;
     int r = view_from_capsule(cap, name, want, v);
     v->api = keep_api;

@@ -20,7 +20,9 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 
-from conftest import bits, child_env, make_problem
+from conftest import child_env, make_problem
+
+bits = reference.to_bits
 
 # A layer large enough that the CPU backend runs a parallel region (several
 # row chunks), small enough to be quick.
@@ -303,3 +305,20 @@ def test_symlinked_cache_file_is_written_through(tmp_path, monkeypatch):
         assert link.is_symlink() and not real.exists()
     finally:
         _C._dev.cache_reload()
+
+
+# ---- tensors a producer cannot export ----
+
+@pytest.mark.parametrize("kind", ["meta", "sparse"])
+def test_tensors_without_readable_memory_get_the_packages_error(kind):
+    torch = pytest.importorskip("torch")
+    qw, qz, sc, _ = _fork_layer()
+    tqw = torch.from_numpy(qw)
+    bad = tqw.to("meta") if kind == "meta" else tqw.to_sparse()
+    with pytest.raises(TypeError, match="qweight .* cannot be read as an array") as info:
+        awq.dequantize(bad, torch.from_numpy(qz), torch.from_numpy(sc))
+    assert isinstance(info.value.__cause__, Exception)  # the producer's own words, chained
+    out = torch.full((FORK_K, FORK_N), 7.0, dtype=torch.float16)
+    with pytest.raises(TypeError, match="out .* cannot be read as an array"):
+        awq.dequantize(tqw, torch.from_numpy(qz), torch.from_numpy(sc),
+                       out=out.to("meta") if kind == "meta" else out.to_sparse())
