@@ -244,9 +244,9 @@ def cuda_sources():
 # The C sources of the extension, by concern (csrc/ has the map).
 C_SOURCES = [
     "module.c", "args.c", "validate.c", "views.c", "alloc.c", "run.c", "dequantize.c",
-    "cache.c", "dev.c",
+    "linear.c", "cache.c", "dev.c",
     "autotune/table.c", "autotune/file.c", "autotune/tune.c",
-    "cpu/platform.c", "cpu/dequantize.c", "cpu/tune.c",
+    "cpu/platform.c", "cpu/dequantize.c", "cpu/linear.c", "cpu/tune.c",
     "cuda/stub.c",
 ]
 

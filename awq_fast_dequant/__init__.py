@@ -1,9 +1,11 @@
-"""awq_fast_dequant: bit-exact, fast AWQ 4-bit dequantization.
+"""awq_fast_dequant: bit-exact, fast AWQ 4-bit dequantization and the fused
+W4A16 linear layer.
 
 Turns AWQ "GEMM"-layout packed weights (qweight [K, N/8], qzeros [K/G, N/8],
 scales [K/G, N]) back into a dense [K, N] float16 / bfloat16 / float32
-matrix, on NVIDIA GPUs (CUDA kernels compiled ahead of time) and on the CPU.
-The dense weight of the matching nn.Linear is ``out.T``.
+matrix, or computes ``x @ W + bias`` straight from them (``linear``), on
+NVIDIA GPUs (CUDA kernels compiled ahead of time) and on the CPU.  The dense
+weight of the matching nn.Linear is ``out.T``.
 
 Inputs are NumPy arrays or any object with ``__dlpack__`` (torch, CuPy, ...);
 the result comes back in the framework of ``qweight``.
@@ -43,7 +45,7 @@ def _import_extension():
 
 _C = _import_extension()
 
-from ._frameworks import allocate as _allocate, current_stream as _current_stream
+from . import _frameworks
 from .quant import pack, quantize, unpack
 from . import reference
 
@@ -52,6 +54,7 @@ __version__ = _C.__version__
 __all__ = [
     "dequantize",
     "smart_dequantize",
+    "linear",
     "quantize",
     "pack",
     "unpack",
@@ -64,11 +67,13 @@ __all__ = [
     "clear_cache",
 ]
 
-_C._set_hooks(_allocate, _current_stream)
+_C._set_hooks(_frameworks.allocate, _frameworks.current_stream, _frameworks.matmul,
+              _frameworks.time_matmul)
 
 # The hot path is C all the way: no Python frame between the caller and the launch.
 dequantize = _C.dequantize
 smart_dequantize = _C.smart_dequantize
+linear = _C.linear
 
 
 def cuda_available() -> bool:

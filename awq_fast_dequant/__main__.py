@@ -73,9 +73,10 @@ def _cmd_cache(args) -> int:
             print(json.dumps(entries, indent=2))
             return 0
         print(f"{awq.cache_path()}: {len(entries)} entries")
-        cols = ["device", "gen", "K", "N", "G", "scales_dtype", "out_dtype", "kernel",
-                "block_size", "rows", "threads", "chunk", "us"]
-        order = sorted(entries, key=lambda e: (e["device"], e["gen"], e["K"], e["N"], e["G"]))
+        cols = ["device", "gen", "op", "K", "N", "G", "M", "scales_dtype", "out_dtype", "kernel",
+                "block_size", "rows", "split", "threads", "chunk", "us"]
+        order = sorted(entries, key=lambda e: (e["device"], e["gen"], e["op"], e["K"], e["N"],
+                                               e["G"], e["M"]))
         rows = [[f"{e[c]:.2f}" if c == "us" else str(e[c]) for c in cols] for e in order]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(cols)]

@@ -1,7 +1,8 @@
 """Framework glue the C core calls back into: output allocation for
-frameworks without the DLPack C exchange API, and current-stream lookup
-for them (CuPy, older PyTorch).  Nothing here is on the hot path of torch tensors, which the C
-core handles through the exchange API."""
+frameworks without the DLPack C exchange API, current-stream lookup for them
+(CuPy, older PyTorch), and the framework's matmul for linear's dequantize
+path.  Nothing here is on the hot path of torch tensors through the fused
+kernels, which the C core handles through the exchange API."""
 
 from __future__ import annotations
 
@@ -71,3 +72,95 @@ def current_stream(arr):
         return cupy.cuda.get_current_stream().ptr
     with cupy.cuda.Device(dev):
         return cupy.cuda.get_current_stream().ptr
+
+
+def _torch_stream_scope(torch, x, stream):
+    """The caller's stream (a handle) as torch's current stream, or nothing."""
+    import contextlib
+
+    if stream is None or not x.is_cuda:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=x.device))
+
+
+def _cupy_stream_scope(cupy, stream, device):
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    return cupy.cuda.ExternalStream(stream, device)
+
+
+def matmul(x, w, bias, y, stream):
+    """y[...] = x @ w + bias in the framework of x (w: [K, N] of x's dtype and
+    device, y: [..., N], bias: [N] or None).  The sum is the framework's own;
+    for NumPy and CuPy half types it runs in float32 with one rounding."""
+    mod = _module_of(x)
+    K, N = w.shape
+    if mod == "torch":
+        import torch
+
+        x2, y2 = x.reshape(-1, K), y.view(-1, N)
+        with _torch_stream_scope(torch, x, stream):
+            if bias is None:
+                torch.mm(x2, w, out=y2)
+            else:
+                torch.addmm(bias, x2, w, out=y2)
+        return None
+    if mod == "cupy":
+        import cupy
+
+        with _cupy_stream_scope(cupy, stream, x.device.id):
+            acc = cupy.matmul(x.reshape(-1, K).astype(cupy.float32), w.astype(cupy.float32))
+            if bias is not None:
+                acc += bias.astype(cupy.float32)
+            y.reshape(-1, N)[...] = acc.astype(y.dtype)
+        return None
+    x2 = np.asarray(x).reshape(-1, K)
+    acc = np.matmul(x2.astype(np.float32), np.asarray(w).astype(np.float32))
+    if bias is not None:
+        acc += np.asarray(bias).astype(np.float32)
+    np.asarray(y).reshape(-1, N)[...] = acc.astype(np.asarray(y).dtype)
+    return None
+
+
+def time_matmul(x, w, bias, y, stream, runs: int = 5) -> float:
+    """Microseconds of one matmul() (the median of a few), for the tuner's
+    choice between linear's fused kernel and its dequantize path."""
+    import time
+
+    mod = _module_of(x)
+    samples = []
+    if mod == "torch" and x.is_cuda:
+        import torch
+
+        with _torch_stream_scope(torch, x, stream):
+            matmul(x, w, bias, y, None)  # warm-up (cuBLAS handles, heuristics)
+            for _ in range(runs):
+                start = torch.cuda.Event(enable_timing=True)
+                stop = torch.cuda.Event(enable_timing=True)
+                start.record()
+                matmul(x, w, bias, y, None)
+                stop.record()
+                stop.synchronize()
+                samples.append(start.elapsed_time(stop) * 1000.0)
+    elif mod == "cupy":
+        import cupy
+
+        with _cupy_stream_scope(cupy, stream, x.device.id):
+            matmul(x, w, bias, y, None)
+            for _ in range(runs):
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                matmul(x, w, bias, y, None)
+                stop.record()
+                stop.synchronize()
+                samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0)
+    else:
+        matmul(x, w, bias, y, stream)
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            matmul(x, w, bias, y, stream)
+            samples.append((time.perf_counter() - t0) * 1e6)
+    samples.sort()
+    return float(samples[len(samples) // 2])

@@ -63,6 +63,34 @@ extern const char *const awq_arg_names[AWQ_NUM_ARGS];
  * exception set. */
 int awq_validate_dequantize(const awq_dequantize_call *c, awq_problem *p, awq_config *cfg);
 
+/* linear's paths: the tuned choice, the fused kernel, or dequantize + the
+ * framework's matmul. */
+typedef enum { AWQ_PATH_AUTO = 0, AWQ_PATH_FUSED = 1, AWQ_PATH_DEQUANT = 2 } awq_path;
+
+enum {
+    AWQ_LIN_X,
+    AWQ_LIN_QWEIGHT,
+    AWQ_LIN_QZEROS,
+    AWQ_LIN_SCALES,
+    AWQ_LIN_BIAS,
+    AWQ_LIN_OUT,
+    AWQ_LIN_NUM_ARGS
+};
+
+/* The views of one linear call and the arguments that shape it. */
+typedef struct {
+    awq_view v[AWQ_LIN_NUM_ARGS];
+    int have[AWQ_LIN_NUM_ARGS];
+    PyObject *group_size, *path; /* Py_None when absent */
+    int explicit_stream;
+} awq_linear_call;
+
+extern const char *const awq_lin_arg_names[AWQ_LIN_NUM_ARGS];
+
+/* Checks everything about a linear call and fills *p (y excepted when it is
+ * allocated later) and *path.  0, or -1 with an exception set. */
+int awq_validate_linear(const awq_linear_call *c, awq_linear_problem *p, awq_path *path);
+
 /* K, and the rows of scales/qzeros, and the group_size argument -> G.
  * 0, or -1 with a ValueError. */
 int awq_resolve_group(int64_t K, int64_t groups, PyObject *group_size, int64_t *G);

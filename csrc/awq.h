@@ -114,8 +114,8 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 4
-#define AWQ_CPU_KERNELS_GEN 1
+#define AWQ_CUDA_KERNELS_GEN 5
+#define AWQ_CPU_KERNELS_GEN 2
 
 /* CUDA device ordinals the package keeps per-device facts for (device
  * properties, autotune device keys); devices past it work, uncached. */
@@ -179,6 +179,18 @@ typedef struct {
 
 /* Splits of K a configuration may ask for. */
 #define AWQ_MAX_SPLIT 64
+
+/* The M bucket of a linear problem: the smallest power of two >= M, with
+ * every M above 4096 in one bucket (8192).  The fused/dequantize choice and
+ * the launch configuration are tuned per bucket. */
+#define AWQ_M_BUCKET_MAX 8192
+static inline int64_t awq_m_bucket(int64_t M)
+{
+    int64_t b = 1;
+    while (b < M && b < AWQ_M_BUCKET_MAX)
+        b <<= 1;
+    return b;
+}
 
 /* Output elements the problem writes: K * N. */
 static inline int64_t awq_numel(const awq_problem *p) { return p->K * p->N; }

@@ -12,6 +12,7 @@
 #include "cpu/cpu.h"
 #include "cuda/cuda.h"
 #include "run.h"
+#include "args.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -118,15 +119,74 @@ static const char *device_key(awq_state *st, const awq_problem *p, char *scratch
 
 /* ---- tuning ---- */
 
-/* The tuner's clock on CUDA: one warm-up launch, then a handful of timed
- * ones, each after the cold-L2 flush in ctx; the median counts. */
-static awq_status cuda_time_us(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                               void *ctx)
+/* The tuner's clocks on CUDA: one warm-up launch, then a handful of timed
+ * ones, each after the cold-L2 flush; the median counts. */
+typedef struct {
+    const awq_problem *p;
+    const awq_linear_problem *lp;
+    const awq_cuda_flush *flush;
+} cuda_timing;
+
+static awq_status cuda_time_us(const awq_config *c, float *us, int *detail, void *ctx)
 {
+    const cuda_timing *t = ctx;
     float ms = 0.0f;
-    awq_status s = awq_cuda_time(p, c, (const awq_cuda_flush *)ctx, 1, 5, &ms, detail);
+    awq_status s = t->p != NULL ? awq_cuda_time(t->p, c, t->flush, 1, 5, &ms, detail)
+                                : awq_cuda_linear_time(t->lp, c, t->flush, 1, 5, &ms, detail);
     *us = ms * 1000.0f;
     return s;
+}
+
+/* Times candidates with the GIL released: CUDA with a cold-L2 flush, the
+ * host with its clock.  Exactly one of p and lp is given. */
+static awq_status tune_backend(const awq_problem *p, const awq_linear_problem *lp, int device,
+                               const awq_config *cands, int n, awq_tune_value *best, int *detail)
+{
+    awq_status s = AWQ_OK;
+    Py_BEGIN_ALLOW_THREADS
+    if (device >= 0) {
+        awq_cuda_flush flush;
+        s = awq_cuda_flush_create(device, &flush, detail);
+        if (s == AWQ_OK) {
+            cuda_timing t = {p, lp, &flush};
+            s = awq_tune(cands, n, cuda_time_us, &t, best, detail);
+            awq_cuda_flush_destroy(&flush);
+        }
+    } else {
+        awq_cpu_timing t = {p, lp, 0, 0, 0.0};
+        s = awq_tune(cands, n, awq_cpu_time, &t, best, detail);
+    }
+    Py_END_ALLOW_THREADS
+    return s;
+}
+
+/* 1 when the stream is capturing a CUDA graph (never time there), 0 when
+ * not, -1 with an exception set. */
+static int capturing(int device, void *stream)
+{
+    if (device < 0)
+        return 0;
+    int cap = 0, detail = 0;
+    awq_status s = awq_cuda_stream_capturing(device, stream, &cap, &detail);
+    if (s != AWQ_OK)
+        return awq_raise_status(s, detail, device);
+    return cap;
+}
+
+/* The new entry into the table, and the table into its file. */
+static void remember(awq_state *st, const awq_tune_key *key, const awq_tune_value *val)
+{
+    st->tunings++;
+    if (awq_table_put(st->table, key, val) == -1)
+        return; /* out of memory for the entry: the call is still right */
+    if (st->cache_file[0] != '\0') {
+        char warn[1024] = "";
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = awq_table_save(st->table, st->cache_file, warn, sizeof warn);
+        Py_END_ALLOW_THREADS
+        warn_once(st, AWQ_WARN_SAVE, status, warn);
+    }
 }
 
 #define MAX_CANDIDATES 64
@@ -158,50 +218,124 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
         return 0;
     }
     st->misses++;
-
-    if (p->device >= 0) {
-        /* Never time (or synchronize) inside a CUDA graph capture. */
-        int capturing = 0;
-        awq_status s = awq_cuda_stream_capturing(p->device, p->stream, &capturing, &detail);
-        if (s != AWQ_OK)
-            return awq_raise_status(s, detail, p->device);
-        if (capturing)
-            return 0;
-    }
+    int cap = capturing(p->device, p->stream);
+    if (cap != 0)
+        return cap < 0 ? -1 : 0;
 
     /* Each backend lists its default first: the tuner keeps it unless
      * another candidate is clearly faster. */
     awq_config cands[MAX_CANDIDATES];
     const int n = p->device >= 0 ? awq_cuda_candidates(p, cands, MAX_CANDIDATES)
                                  : awq_cpu_candidates(p, cands, MAX_CANDIDATES);
-    awq_status s = AWQ_OK;
-    Py_BEGIN_ALLOW_THREADS
-    if (p->device >= 0) {
-        awq_cuda_flush flush;
-        s = awq_cuda_flush_create(p->device, &flush, &detail);
-        if (s == AWQ_OK) {
-            s = awq_tune(p, cands, n, cuda_time_us, &flush, &val, &detail);
-            awq_cuda_flush_destroy(&flush);
-        }
-    } else {
-        s = awq_tune(p, cands, n, awq_cpu_time, NULL, &val, &detail);
-    }
-    Py_END_ALLOW_THREADS
+    awq_status s = tune_backend(p, NULL, p->device, cands, n, &val, &detail);
     if (s != AWQ_OK)
         return awq_raise_status(s, detail, p->device);
-    st->tunings++;
     *done = 1; /* the last timed run wrote the result */
-    if (awq_table_put(st->table, &key, &val) == -1)
-        return 0; /* out of memory for the entry: the result is still right */
+    remember(st, &key, &val);
+    return 0;
+}
 
-    if (st->cache_file[0] != '\0') {
-        char warn[1024] = "";
-        int status;
-        Py_BEGIN_ALLOW_THREADS
-        status = awq_table_save(st->table, st->cache_file, warn, sizeof warn);
-        Py_END_ALLOW_THREADS
-        warn_once(st, AWQ_WARN_SAVE, status, warn);
+/* ---- linear ---- */
+
+/* Up to this M bucket the fused kernel is the untuned choice; above it,
+ * dequantize + the framework's matmul (whose GEMM the fused kernels do not
+ * try to beat at large M).  Measured on an H200 and a 2-core x86 host:
+ * docs/KERNELS.md, "linear: the dispatch". */
+#define CUDA_FUSED_MAX_M 1024
+#define CPU_FUSED_MAX_M 8
+
+/* The fused configuration when nothing is tuned. */
+static int fused_default(const awq_linear_problem *p, awq_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    if (p->device < 0) {
+        cfg->kernel = AWQ_KERNEL_CPU;
+        return 0;
     }
+    int detail = 0;
+    awq_status s = awq_cuda_linear_default(p, cfg, &detail);
+    return s == AWQ_OK ? 0 : awq_raise_status(s, detail, p->device);
+}
+
+static int untuned(const awq_linear_problem *p, awq_config *cfg)
+{
+    const int64_t max_m = p->device >= 0 ? CUDA_FUSED_MAX_M : CPU_FUSED_MAX_M;
+    if (p->M > max_m) {
+        memset(cfg, 0, sizeof *cfg);
+        cfg->kernel = AWQ_KERNEL_DEQUANT;
+        return 0;
+    }
+    return fused_default(p, cfg);
+}
+
+static int is_fused(const awq_config *c, int device)
+{
+    return device >= 0 ? c->kernel == AWQ_KERNEL_MMA || c->kernel == AWQ_KERNEL_SIMT
+                       : c->kernel == AWQ_KERNEL_CPU;
+}
+
+int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
+                     awq_linear_timer dequant_timer, void *timer_ctx, awq_config *cfg)
+{
+    awq_state *st = awq_get_state(module);
+    awq_tune_key key;
+    awq_tune_value val;
+    int detail = 0;
+
+    memset(cfg, 0, sizeof *cfg);
+    if (path == AWQ_PATH_DEQUANT) {
+        cfg->kernel = AWQ_KERNEL_DEQUANT;
+        return 0;
+    }
+    if (autotune_disabled(st))
+        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+    ensure_loaded(st);
+    char dev_scratch[AWQ_TUNE_DEVICE_LEN];
+    awq_problem ident = {.device = p->device};
+    const char *dev = device_key(st, &ident, dev_scratch, &detail);
+    if (dev == NULL)
+        return -1;
+    const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
+    if (awq_tune_linear_key_init(&key, dev, gen, p->K, p->N, p->G, p->dtype,
+                                 awq_m_bucket(p->M)) < 0)
+        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+    /* An entry for the other backend (a file edited by hand) is a miss. */
+    if (awq_table_get(st->table, &key, &val) &&
+        (is_fused(&val.config, p->device) || val.config.kernel == AWQ_KERNEL_DEQUANT)) {
+        if (path == AWQ_PATH_AUTO || is_fused(&val.config, p->device)) {
+            st->hits++;
+            *cfg = val.config;
+            return 0;
+        }
+        return fused_default(p, cfg); /* fused asked for, dequantize tuned */
+    }
+    st->misses++;
+    int cap = capturing(p->device, p->stream);
+    if (cap != 0)
+        return cap < 0 ? -1 : (path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg));
+
+    /* The fused configurations, the backend's default first ... */
+    awq_config cands[MAX_CANDIDATES];
+    int n = p->device >= 0 ? awq_cuda_linear_candidates(p, cands, MAX_CANDIDATES)
+                           : awq_cpu_linear_candidates(p, cands, MAX_CANDIDATES);
+    awq_status s = n > 0 ? tune_backend(NULL, p, p->device, cands, n, &val, &detail)
+                         : AWQ_ERR_CONFIG;
+    int have_fused = s == AWQ_OK;
+    if (s != AWQ_OK && s != AWQ_ERR_CONFIG)
+        return awq_raise_status(s, detail, p->device);
+    /* ... then dequantize + the framework's matmul, which needs the GIL. */
+    float dq_us = 0.0f;
+    if (dequant_timer(timer_ctx, &dq_us) < 0)
+        return -1;
+    if (!have_fused || dq_us < val.us) {
+        memset(&val.config, 0, sizeof val.config);
+        val.config.kernel = AWQ_KERNEL_DEQUANT;
+        val.us = dq_us;
+    }
+    remember(st, &key, &val);
+    if (path == AWQ_PATH_FUSED && !is_fused(&val.config, p->device))
+        return fused_default(p, cfg);
+    *cfg = val.config;
     return 0;
 }
 
@@ -241,12 +375,12 @@ PyObject *awq_py_cache_entries(PyObject *module, PyObject *unused)
     for (size_t i = 0; i < n; i++) {
         const awq_config *c = &vals[i].config;
         PyObject *d = Py_BuildValue(
-            "{s:s,s:i,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:L,s:d}", "device", keys[i].device,
-            "gen", keys[i].gen, "K", (long long)keys[i].K, "N", (long long)keys[i].N, "G",
-            (long long)keys[i].G, "scales_dtype", awq_dtype_name(keys[i].scale_dtype),
-            "out_dtype", awq_dtype_name(keys[i].out_dtype), "kernel",
-            awq_kernel_name(c->kernel),
-            "block_size", c->block_size, "rows", c->rows, "threads", c->threads, "chunk",
+            "{s:s,s:i,s:s,s:L,s:L,s:L,s:L,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:L,s:d}", "device",
+            keys[i].device, "gen", keys[i].gen, "op", awq_tune_op_name(keys[i].op), "K",
+            (long long)keys[i].K, "N", (long long)keys[i].N, "G", (long long)keys[i].G, "M",
+            (long long)keys[i].m, "scales_dtype", awq_dtype_name(keys[i].scale_dtype), "out_dtype",
+            awq_dtype_name(keys[i].out_dtype), "kernel", awq_kernel_name(c->kernel), "block_size",
+            c->block_size, "rows", c->rows, "split", c->split, "threads", c->threads, "chunk",
             (long long)c->chunk, "us", (double)vals[i].us);
         if (d == NULL || PyList_Append(list, d) < 0) {
             Py_XDECREF(d);

@@ -11,6 +11,7 @@
 #include "cuda/cuda.h"
 #include "dequantize.h"
 #include "dev.h"
+#include "linear.h"
 
 #ifndef AWQ_VERSION
 #define AWQ_VERSION "0+unknown"
@@ -74,18 +75,27 @@ done:
     return res;
 }
 
-/* The package registers its framework glue: the callable that allocates
- * outputs for frameworks without the DLPack C exchange API, and the one that
- * names the current stream of those frameworks (CuPy). */
+/* The package registers its framework glue (awq_fast_dequant/_frameworks.py):
+ * the callable that allocates outputs for frameworks without the DLPack C
+ * exchange API, the one that names the current stream of those frameworks
+ * (CuPy), and the framework's matmul for linear's dequantize path (plain and
+ * timed). */
 static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     awq_state *st = awq_get_state(module);
-    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "_set_hooks(allocator, stream_hook) takes two callables");
+    int ok = nargs == 4;
+    for (Py_ssize_t i = 0; ok && i < nargs; i++)
+        ok = PyCallable_Check(args[i]);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_set_hooks(allocator, stream_hook, matmul, time_matmul) takes four "
+                        "callables");
         return NULL;
     }
     Py_XSETREF(st->allocator, Py_NewRef(args[0]));
     Py_XSETREF(st->stream_hook, Py_NewRef(args[1]));
+    Py_XSETREF(st->matmul_hook, Py_NewRef(args[2]));
+    Py_XSETREF(st->time_matmul_hook, Py_NewRef(args[3]));
     Py_RETURN_NONE;
 }
 
@@ -108,6 +118,19 @@ static PyObject *py_set_hooks(PyObject *module, PyObject *const *args, Py_ssize_
     "    framework's current stream of the tensors' device, else the legacy default.\n\n" \
     "Returns out, or a new [K, N] array in the framework of qweight."
 
+#define LINEAR_DOC \
+    "linear(x, qweight, qzeros, scales, bias=None, *, group_size=None, out=None,\n" \
+    "       stream=None, path='auto')\n--\n\n" \
+    "The W4A16 linear layer: y = x @ W + bias, W = dequantize(qweight, qzeros, scales,\n" \
+    "out_dtype=x.dtype) ([K, N]); products and sums in float32, one rounding.\n\n" \
+    "x: [..., K] float16/bfloat16/float32; scales and bias ([N] or None) of x's dtype.\n" \
+    "out: optional [..., N] destination of x's dtype and leading dimensions.\n" \
+    "path: 'auto' (tuned per layer and M bucket), 'fused' (read the 4-bit weights once,\n" \
+    "    never materialize W) or 'dequant' (dequantize into a buffer of x's framework,\n" \
+    "    then its matmul; that path's accumulation is the framework's).\n" \
+    "stream: as for dequantize.\n\n" \
+    "Returns out, or a new [..., N] array in x's framework, on x's device and stream."
+
 #define SMART_DOC \
     "smart_dequantize(qweight, qzeros, scales, *, group_size=None, out=None, out_dtype=None,\n" \
     "                 stream=None)\n--\n\n" \
@@ -121,12 +144,14 @@ static PyMethodDef awq_methods[] = {
      METH_FASTCALL | METH_KEYWORDS, DEQUANTIZE_DOC},
     {"smart_dequantize", (PyCFunction)(void (*)(void))awq_py_smart_dequantize,
      METH_FASTCALL | METH_KEYWORDS, SMART_DOC},
+    {"linear", (PyCFunction)(void (*)(void))awq_py_linear, METH_FASTCALL | METH_KEYWORDS,
+     LINEAR_DOC},
     {"cuda_available", py_cuda_available, METH_NOARGS,
      "True when the CUDA backend is compiled in and a CUDA device is usable."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 if none)."},
     {"build_info", py_build_info, METH_NOARGS, "What was compiled in."},
     {"_set_hooks", (PyCFunction)(void (*)(void))py_set_hooks, METH_FASTCALL,
-     "Register the framework glue (allocator, stream hook)."},
+     "Register the framework glue (allocator, stream hook, matmul, timed matmul)."},
     {"cache_path", awq_py_cache_path, METH_NOARGS, "Path of the autotune cache file."},
     {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
     {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},
@@ -150,7 +175,8 @@ static int awq_exec(PyObject *module)
         [AWQ_KW_SCALES] = "scales",         [AWQ_KW_GROUP_SIZE] = "group_size",
         [AWQ_KW_OUT] = "out",               [AWQ_KW_OUT_DTYPE] = "out_dtype",
         [AWQ_KW_KERNEL] = "kernel",         [AWQ_KW_BLOCK_SIZE] = "block_size",
-        [AWQ_KW_STREAM] = "stream"};
+        [AWQ_KW_STREAM] = "stream",         [AWQ_KW_X] = "x",
+        [AWQ_KW_BIAS] = "bias",             [AWQ_KW_PATH] = "path"};
     if (intern(&st->str_dlpack, "__dlpack__") < 0 ||
         intern(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
         intern(&st->str_exchange_api, "__dlpack_c_exchange_api__") < 0 ||
@@ -181,6 +207,8 @@ static int awq_traverse(PyObject *module, visitproc visit, void *arg)
         return 0;
     Py_VISIT(st->allocator);
     Py_VISIT(st->stream_hook);
+    Py_VISIT(st->matmul_hook);
+    Py_VISIT(st->time_matmul_hook);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_VISIT(st->api_cache[i].type);
     return 0;
@@ -193,6 +221,8 @@ static int awq_clear(PyObject *module)
         return 0;
     Py_CLEAR(st->allocator);
     Py_CLEAR(st->stream_hook);
+    Py_CLEAR(st->matmul_hook);
+    Py_CLEAR(st->time_matmul_hook);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_CLEAR(st->api_cache[i].type);
     st->api_cache_len = 0;

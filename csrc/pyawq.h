@@ -46,6 +46,9 @@ enum {
     AWQ_KW_KERNEL,
     AWQ_KW_BLOCK_SIZE,
     AWQ_KW_STREAM,
+    AWQ_KW_X,
+    AWQ_KW_BIAS,
+    AWQ_KW_PATH,
     AWQ_KW_COUNT
 };
 
@@ -58,7 +61,8 @@ typedef struct {
     awq_api_entry api_scratch; /* answer for types past the cache, valid for one call */
     PyObject *allocator;   /* package-provided callable(like, device_type, device_id, shape, dtype) */
     PyObject *stream_hook; /* package-provided callable(array) -> current stream or None */
-    PyObject *str_auto;    /* "auto", the default kernel */
+    PyObject *matmul_hook; /* package-provided callable(x, w, bias, y, stream): y = x @ w + bias */
+    PyObject *time_matmul_hook; /* the same, timed: -> microseconds of one matmul (tuning) */
     PyObject *str_dlpack;  /* interned attribute names */
     PyObject *str_dlpack_device;
     PyObject *str_exchange_api;

@@ -54,3 +54,19 @@ int awq_run_dequantize(const awq_problem *p, const awq_config *c)
     }
     return awq_raise_status(s, detail, p->device);
 }
+
+int awq_run_linear(const awq_linear_problem *p, const awq_config *c)
+{
+    awq_status s;
+    int detail = 0;
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    if (p->device < 0) {
+        Py_BEGIN_ALLOW_THREADS
+        s = awq_cpu_linear(p, c);
+        Py_END_ALLOW_THREADS
+    } else {
+        s = awq_cuda_linear(p, c, &detail);
+    }
+    return awq_raise_status(s, detail, p->device);
+}

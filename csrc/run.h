@@ -18,4 +18,8 @@ int awq_raise_status(awq_status s, int detail, int device);
  * exception set. */
 int awq_run_dequantize(const awq_problem *p, const awq_config *c);
 
+/* Runs one fused linear (c->kernel: AWQ_KERNEL_CPU on the host, SIMT or MMA
+ * on CUDA; the GIL released on the CPU); 0, or -1 with an exception set. */
+int awq_run_linear(const awq_linear_problem *p, const awq_config *c);
+
 #endif /* AWQ_RUN_H */

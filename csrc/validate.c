@@ -8,6 +8,8 @@
 
 #include "cuda/cuda.h"
 
+#include <string.h>
+
 const char *const awq_arg_names[AWQ_NUM_ARGS] = {"qweight", "qzeros", "scales", "out"};
 
 static int is_packed_int(DLDataType t)
@@ -314,5 +316,137 @@ int awq_validate_dequantize(const awq_dequantize_call *c, awq_problem *p, awq_co
     p->out = c->have[AWQ_ARG_OUT] ? c->v[AWQ_ARG_OUT].data : NULL;
     p->device = on_cuda ? (int)qw->device.device_id : -1;
     p->stream = NULL;
+    return 0;
+}
+
+/* ---- linear ---- */
+
+const char *const awq_lin_arg_names[AWQ_LIN_NUM_ARGS] = {"x",      "qweight", "qzeros",
+                                                          "scales", "bias",    "out"};
+
+/* x, scales, bias and out share one float dtype. */
+static int check_linear_dtypes(const awq_linear_call *c, awq_linear_problem *p)
+{
+    char b1[64], b2[64];
+    const awq_view *x = &c->v[AWQ_LIN_X];
+    if (awq_dtype_from_dl(x->dtype, &p->dtype) < 0) {
+        PyErr_Format(PyExc_TypeError, "x must be float16, bfloat16 or float32, got %s",
+                     awq_view_dtype_name(x, b1, sizeof b1));
+        return -1;
+    }
+    if (check_packed(&c->v[AWQ_LIN_QWEIGHT], "qweight") < 0 ||
+        check_packed(&c->v[AWQ_LIN_QZEROS], "qzeros") < 0)
+        return -1;
+    static const int same[] = {AWQ_LIN_SCALES, AWQ_LIN_BIAS, AWQ_LIN_OUT};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        const int a = same[i];
+        awq_dtype got;
+        if (!c->have[a])
+            continue;
+        if (awq_dtype_from_dl(c->v[a].dtype, &got) < 0 || got != p->dtype) {
+            PyErr_Format(PyExc_TypeError, "%s must have x's dtype %s, got %s",
+                         awq_lin_arg_names[a], awq_dtype_name(p->dtype),
+                         awq_view_dtype_name(&c->v[a], b2, sizeof b2));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* x [..., K], bias [N], out [..., N] with x's leading dimensions. */
+static int check_linear_shapes(const awq_linear_call *c, awq_linear_problem *p)
+{
+    const awq_view *x = &c->v[AWQ_LIN_X];
+    const int64_t K = x->shape[x->ndim - 1];
+    if (K != p->K) {
+        PyErr_Format(PyExc_ValueError,
+                     "x's last dimension must be K = %lld (qweight's rows, in_features), got %lld",
+                     (long long)p->K, (long long)K);
+        return -1;
+    }
+    p->M = 1;
+    for (int i = 0; i < x->ndim - 1; i++)
+        p->M *= x->shape[i];
+    if (c->have[AWQ_LIN_BIAS] && c->v[AWQ_LIN_BIAS].shape[0] != p->N) {
+        PyErr_Format(PyExc_ValueError, "bias must have shape (%lld,) (N, out_features), got (%lld,)",
+                     (long long)p->N, (long long)c->v[AWQ_LIN_BIAS].shape[0]);
+        return -1;
+    }
+    if (!c->have[AWQ_LIN_OUT])
+        return 0;
+    const awq_view *out = &c->v[AWQ_LIN_OUT];
+    int ok = out->ndim == x->ndim && out->shape[out->ndim - 1] == p->N;
+    for (int i = 0; ok && i < x->ndim - 1; i++)
+        ok = out->shape[i] == x->shape[i];
+    if (!ok) {
+        char want[256], got[256];
+        int w = 0, g = 0;
+        for (int i = 0; i < x->ndim; i++)
+            w += snprintf(want + w, sizeof want - (size_t)w, "%s%lld", i ? ", " : "",
+                          (long long)(i < x->ndim - 1 ? x->shape[i] : p->N));
+        for (int i = 0; i < out->ndim; i++)
+            g += snprintf(got + g, sizeof got - (size_t)g, "%s%lld", i ? ", " : "",
+                          (long long)out->shape[i]);
+        PyErr_Format(PyExc_ValueError,
+                     "out must have shape (%s%s) (x's leading dimensions, then N), got (%s%s)", want,
+                     x->ndim == 1 ? "," : "", got, out->ndim == 1 ? "," : "");
+        return -1;
+    }
+    return check_writable(out, c->v, c->have, awq_lin_arg_names, AWQ_LIN_OUT);
+}
+
+static int parse_path(PyObject *o, awq_path *path)
+{
+    static const char *const names[] = {"auto", "fused", "dequant"};
+    *path = AWQ_PATH_AUTO;
+    if (o == Py_None)
+        return 0;
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "path must be a str: 'auto', 'fused' or 'dequant', got %.200s",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    const char *s = PyUnicode_AsUTF8(o);
+    if (s == NULL)
+        return -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *path = (awq_path)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "path must be 'auto', 'fused' or 'dequant', got %R", o);
+    return -1;
+}
+
+int awq_validate_linear(const awq_linear_call *c, awq_linear_problem *p, awq_path *path)
+{
+    const awq_view *x = &c->v[AWQ_LIN_X];
+    memset(p, 0, sizeof *p);
+    if (check_linear_dtypes(c, p) < 0)
+        return -1;
+    for (int i = 0; i < AWQ_LIN_NUM_ARGS; i++)
+        if (c->have[i] && check_layout(&c->v[i], awq_lin_arg_names[i]) < 0)
+            return -1;
+    for (int i = 1; i < AWQ_LIN_NUM_ARGS; i++)
+        if (c->have[i] && check_device(x, "x", &c->v[i], awq_lin_arg_names[i]) < 0)
+            return -1;
+    awq_problem w; /* the weights' K, N and G */
+    memset(&w, 0, sizeof w);
+    if (check_weights(&c->v[AWQ_LIN_QWEIGHT], &c->v[AWQ_LIN_QZEROS], &c->v[AWQ_LIN_SCALES],
+                      c->group_size, &w) < 0)
+        return -1;
+    p->K = w.K;
+    p->N = w.N;
+    p->G = w.G;
+    if (check_linear_shapes(c, p) < 0 || parse_path(c->path, path) < 0 ||
+        check_backend(x, "x", c->explicit_stream) < 0)
+        return -1;
+    p->x = x->data;
+    p->qweight = (const uint32_t *)c->v[AWQ_LIN_QWEIGHT].data;
+    p->qzeros = (const uint32_t *)c->v[AWQ_LIN_QZEROS].data;
+    p->scales = c->v[AWQ_LIN_SCALES].data;
+    p->bias = c->have[AWQ_LIN_BIAS] ? c->v[AWQ_LIN_BIAS].data : NULL;
+    p->y = c->have[AWQ_LIN_OUT] ? c->v[AWQ_LIN_OUT].data : NULL;
+    p->device = x->device.device_type == kDLCUDA ? (int)x->device.device_id : -1;
     return 0;
 }

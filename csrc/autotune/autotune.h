@@ -8,34 +8,40 @@
  *
  * On-disk format (DESIGN.md section 5), one UTF-8/ASCII text file:
  *
- *   # awq_fast_dequant autotune cache v2
+ *   # awq_fast_dequant autotune cache v3
  *   # One tuned launch configuration per line, fields separated by one tab:
- *   # device  gen  K  N  G  scales  out  kernel  block_size  rows  threads  chunk  us
+ *   # device gen op K N G M scales out kernel block_size rows split threads chunk us
  *   # gen: the generation of the kernels the entry was tuned for; each build uses its own.
+ *   # M: the bucket of rows of x (linear), 0 for dequantize.
  *   # 0 means "the kernel's default"; us is the measured time in microseconds. Safe to delete.
- *   NVIDIA H200 sm_90<TAB>2<TAB>4096<TAB>14336<TAB>128<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>41.37
+ *   NVIDIA H200 sm_90<TAB>5<TAB>dequantize<TAB>4096<TAB>14336<TAB>128<TAB>0<TAB>float16<TAB>float16<TAB>v4<TAB>256<TAB>2<TAB>0<TAB>0<TAB>0<TAB>41.37
  *
  * The first line names the format version; a file of another version is
  * never read (an older one is replaced on the next save, a newer one is
  * never overwritten).  Lines starting with '#' are comments, empty lines
- * are skipped, every other line is an entry of exactly 13 fields:
+ * are skipped, every other line is an entry of exactly 16 fields:
  *   device      1..95 bytes, no tab / control character, not starting with '#'
  *   gen         decimal >= 1: the generation of the device's kernels the
  *               entry was tuned with (AWQ_CUDA_KERNELS_GEN / AWQ_CPU_KERNELS_GEN
  *               of the build that wrote it).  Part of the key: a build looks
  *               up only its own generation, and keeps the others' entries
  *               for the builds that use them.
+ *   op          dequantize | linear
  *   K, N, G     decimal, K >= 0, N >= 0 and a multiple of 8, G >= 1,
  *               G divides K (unless K == 0)
- *   scales, out float16 | bfloat16 | float32
- *   kernel      v1 | v2 | v3 | v4 | cpu
+ *   M           dequantize: 0; linear: an M bucket (awq_m_bucket: a power of
+ *               two up to AWQ_M_BUCKET_MAX)
+ *   scales, out float16 | bfloat16 | float32 (linear: the same)
+ *   kernel      dequantize: v1 | v2 | v3 | v4 | cpu;
+ *               linear: cpu | simt | mma | dequant
  *   block_size  0, or a multiple of 32 in [32, 1024]
  *   rows        0, or a power of two up to 64
+ *   split       0 .. AWQ_MAX_SPLIT
  *   threads, chunk   decimal >= 0
  *   us          a finite decimal >= 0 (C locale)
  * A line that breaks any rule (including a last line without its newline,
  * which may have been cut short) is skipped and counted.
- * Version 1 had no gen field; its entries were tuned for older kernels.
+ * Version 1 had no gen field; version 2 had no op, M and split fields.
  */
 #ifndef AWQ_AUTOTUNE_H
 #define AWQ_AUTOTUNE_H
@@ -50,7 +56,7 @@ extern "C" {
 #endif
 
 /* The format version written in the header line; the one place it lives. */
-#define AWQ_TUNE_FORMAT_VERSION 2
+#define AWQ_TUNE_FORMAT_VERSION 3
 
 /* Size of awq_tune_key.device, terminating NUL included. */
 #define AWQ_TUNE_DEVICE_LEN 96
@@ -61,12 +67,23 @@ typedef struct {
      * character; must not start with '#'.  The caller builds it. */
     char device[AWQ_TUNE_DEVICE_LEN];
     int gen; /* generation of the device's kernels, >= 1 (see above) */
+    int op;  /* awq_tune_op */
     int64_t K, N, G;
+    int64_t m; /* linear: the M bucket; dequantize: 0 */
     awq_dtype scale_dtype, out_dtype;
 } awq_tune_key;
 
+/* The operation an entry tunes. */
+typedef enum { AWQ_OP_DEQUANTIZE = 0, AWQ_OP_LINEAR = 1 } awq_tune_op;
+
+#define AWQ_NUM_OPS 2
+
+/* "dequantize" / "linear"; NULL out of range. */
+const char *awq_tune_op_name(int op);
+int awq_tune_op_parse(const char *name, int *op);
+
 typedef struct {
-    awq_config config; /* kernel is one of V1..V4 or CPU, never AUTO */
+    awq_config config; /* a kernel of the key's operation, never AUTO */
     float us;          /* measured time of the chosen config, microseconds */
 } awq_tune_value;
 
@@ -89,14 +106,23 @@ static inline uint64_t awq_mix64(uint64_t x)
 
 /* ---- keys, values and names -------------------------------------------- */
 
-/* Zero-fills *k and sets its fields.  Returns 0, or -1 (and leaves *k
- * zeroed) when the device string does not fit or the key is not valid. */
+/* Zero-fills *k and sets the fields of a dequantize key.  Returns 0, or -1
+ * (and leaves *k zeroed) when the device string does not fit or the key is
+ * not valid. */
 int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
                       int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype);
 
-/* 1 when the key / value obeys the rules of the file format above. */
+/* The same for a linear key: one dtype, and m, the M bucket
+ * (awq_m_bucket). */
+int awq_tune_linear_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
+                             int64_t G, awq_dtype dtype, int64_t m);
+
+/* 1 when the key / value obeys the rules of the file format above; a value
+ * alone is checked against every operation's kernels, a pair (entry) also
+ * against its key's operation. */
 int awq_tune_key_valid(const awq_tune_key *k);
 int awq_tune_value_valid(const awq_tune_value *v);
+int awq_tune_entry_valid(const awq_tune_key *k, const awq_tune_value *v);
 
 /* ---- the in-memory table ------------------------------------------------ */
 
@@ -107,7 +133,7 @@ void awq_table_free(awq_table *t); /* NULL is fine */
 int awq_table_get(awq_table *t, const awq_tune_key *k, awq_tune_value *v);
 
 /* Insert or update.  0 ok, -1 out of memory (the table is unchanged),
- * -2 invalid key or value (see awq_tune_key_valid / awq_tune_value_valid). */
+ * -2 invalid key or value (see awq_tune_entry_valid). */
 int awq_table_put(awq_table *t, const awq_tune_key *k, const awq_tune_value *v);
 
 size_t awq_table_size(awq_table *t);
@@ -165,12 +191,12 @@ int awq_cache_remove(const char *path, char *warn, size_t warn_len);
 
 /* ---- tuning ------------------------------------------------------------- */
 
-/* Times one configuration: *us receives its time in microseconds.  Return
- * AWQ_ERR_CONFIG when the configuration is not valid for this problem (the
- * tuner skips it); any other error stops the tuning.  Returning AWQ_OK
- * means p->out now holds the complete, correct result. */
-typedef awq_status (*awq_time_fn)(const awq_problem *p, const awq_config *c, float *us,
-                                  int *detail, void *ctx);
+/* Times one configuration of the problem that ctx describes: *us receives
+ * its time in microseconds.  Return AWQ_ERR_CONFIG when the configuration is
+ * not valid for this problem (the tuner skips it); any other error stops
+ * the tuning.  Returning AWQ_OK means the problem's output now holds the
+ * complete result of this configuration. */
+typedef awq_status (*awq_time_fn)(const awq_config *c, float *us, int *detail, void *ctx);
 
 /* Times every candidate, in order, and keeps the fastest.  candidates[0] is
  * the backend's default: another candidate replaces it only when at least
@@ -180,12 +206,13 @@ typedef awq_status (*awq_time_fn)(const awq_problem *p, const awq_config *c, flo
  * equal times wins.  Candidates answering AWQ_ERR_CONFIG or a
  * non-finite time are skipped; any other error is returned at once with its
  * *detail.  AWQ_ERR_CONFIG when no candidate could run.  On AWQ_OK *best is
- * set and p->out holds the result of the last successful run (every
- * configuration writes the same bits). */
+ * set and the output holds the result of the last successful run (for
+ * dequantize every configuration writes the same bits; a linear caller
+ * runs the winner once more). */
 #define AWQ_TUNE_DEFAULT_MARGIN 0.98f
 
-awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
-                    void *ctx, awq_tune_value *best, int *detail);
+awq_status awq_tune(const awq_config *candidates, int n, awq_time_fn time_fn, void *ctx,
+                    awq_tune_value *best, int *detail);
 
 #ifdef __cplusplus
 }

@@ -117,7 +117,7 @@ static void format_us(float us, char *buf, size_t len)
  * Parsing one line
  * ====================================================================== */
 
-#define FIELDS_PER_LINE 13
+#define FIELDS_PER_LINE 16
 
 /* Decimal digits only: no sign, no space, no "0x"; at most INT64_MAX.
  * Every integer of the format is >= 0, so a '-' is malformed. */
@@ -188,15 +188,16 @@ static int parse_entry(char *line, awq_tune_key *k, awq_tune_value *v)
     memcpy(k->device, f[0], dlen);
 
     awq_kernel kernel;
-    if (parse_int(f[1], &k->gen) || parse_nonneg(f[2], &k->K) || parse_nonneg(f[3], &k->N) ||
-        parse_nonneg(f[4], &k->G) || awq_dtype_parse(f[5], &k->scale_dtype) ||
-        awq_dtype_parse(f[6], &k->out_dtype) || awq_kernel_parse(f[7], &kernel) ||
-        parse_int(f[8], &v->config.block_size) || parse_int(f[9], &v->config.rows) ||
-        parse_int(f[10], &v->config.threads) || parse_nonneg(f[11], &v->config.chunk) ||
-        parse_us(f[12], &v->us))
+    if (parse_int(f[1], &k->gen) || awq_tune_op_parse(f[2], &k->op) ||
+        parse_nonneg(f[3], &k->K) || parse_nonneg(f[4], &k->N) || parse_nonneg(f[5], &k->G) ||
+        parse_nonneg(f[6], &k->m) || awq_dtype_parse(f[7], &k->scale_dtype) ||
+        awq_dtype_parse(f[8], &k->out_dtype) || awq_kernel_parse(f[9], &kernel) ||
+        parse_int(f[10], &v->config.block_size) || parse_int(f[11], &v->config.rows) ||
+        parse_int(f[12], &v->config.split) || parse_int(f[13], &v->config.threads) ||
+        parse_nonneg(f[14], &v->config.chunk) || parse_us(f[15], &v->us))
         return -1;
     v->config.kernel = (int)kernel;
-    return awq_tune_key_valid(k) && awq_tune_value_valid(v) ? 0 : -1;
+    return awq_tune_entry_valid(k, v) ? 0 : -1;
 }
 
 /* ======================================================================
@@ -581,9 +582,11 @@ static int entry_cmp(const void *pa, const void *pb)
     if (a->f != b->f)                                                                             \
         return a->f < b->f ? -1 : 1;
     CMP_FIELD(gen)
+    CMP_FIELD(op)
     CMP_FIELD(K)
     CMP_FIELD(N)
     CMP_FIELD(G)
+    CMP_FIELD(m)
     CMP_FIELD(scale_dtype)
     CMP_FIELD(out_dtype)
 #undef CMP_FIELD
@@ -638,10 +641,11 @@ static int write_temp(const char *path, char *tmp, size_t tmp_len, const awq_tun
     int ok = fprintf(f,
                      "%s%d\n"
                      "# One tuned launch configuration per line, fields separated by one tab:\n"
-                     "# device\tgen\tK\tN\tG\tscales\tout\tkernel\tblock_size\trows\tthreads\tchunk"
-                     "\tus\n"
+                     "# device\tgen\top\tK\tN\tG\tM\tscales\tout\tkernel\tblock_size\trows\tsplit"
+                     "\tthreads\tchunk\tus\n"
                      "# gen: the generation of the kernels the entry was tuned for; each build "
                      "uses its own.\n"
+                     "# M: the bucket of rows of x (linear), 0 for dequantize.\n"
                      "# 0 means \"the kernel's default\"; us is the measured time in "
                      "microseconds. Safe to delete.\n",
                      header_prefix, AWQ_TUNE_FORMAT_VERSION) > 0;
@@ -650,11 +654,12 @@ static int write_temp(const char *path, char *tmp, size_t tmp_len, const awq_tun
         const awq_tune_value *v = &e[i].val;
         char us[32];
         format_us(v->us, us, sizeof us);
-        ok = fprintf(f, "%s\t%d\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%d\t%d\t%d\t%lld\t%s\n", k->device,
-                     k->gen, (long long)k->K, (long long)k->N, (long long)k->G,
-                     awq_dtype_name(k->scale_dtype), awq_dtype_name(k->out_dtype),
-                     awq_kernel_name(v->config.kernel), v->config.block_size, v->config.rows,
-                     v->config.threads, (long long)v->config.chunk, us) > 0;
+        ok = fprintf(f, "%s\t%d\t%s\t%lld\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%lld\t%s\n",
+                     k->device, k->gen, awq_tune_op_name(k->op), (long long)k->K, (long long)k->N,
+                     (long long)k->G, (long long)k->m, awq_dtype_name(k->scale_dtype),
+                     awq_dtype_name(k->out_dtype), awq_kernel_name(v->config.kernel),
+                     v->config.block_size, v->config.rows, v->config.split, v->config.threads,
+                     (long long)v->config.chunk, us) > 0;
     }
     if (!ok || fflush(f) != 0 || ferror(f)) {
         *err = errno ? errno : EIO;

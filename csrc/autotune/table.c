@@ -42,6 +42,25 @@ static int device_valid(const char *d)
     return 1;
 }
 
+const char *awq_tune_op_name(int op)
+{
+    static const char *const names[AWQ_NUM_OPS] = {"dequantize", "linear"};
+    return op >= 0 && op < AWQ_NUM_OPS ? names[op] : NULL;
+}
+
+int awq_tune_op_parse(const char *name, int *op)
+{
+    for (int i = 0; name && i < AWQ_NUM_OPS; i++)
+        if (strcmp(name, awq_tune_op_name(i)) == 0) {
+            *op = i;
+            return 0;
+        }
+    return -1;
+}
+
+/* An M bucket as awq_m_bucket gives them. */
+static int bucket_valid(int64_t m) { return m >= 1 && m <= AWQ_M_BUCKET_MAX && (m & (m - 1)) == 0; }
+
 int awq_tune_key_valid(const awq_tune_key *k)
 {
     if (!k || !device_valid(k->device) || k->gen < 1)
@@ -50,7 +69,13 @@ int awq_tune_key_valid(const awq_tune_key *k)
         return 0;
     if (k->K != 0 && k->K % k->G != 0)
         return 0;
-    return (unsigned)k->scale_dtype < AWQ_NUM_DTYPES && (unsigned)k->out_dtype < AWQ_NUM_DTYPES;
+    if ((unsigned)k->scale_dtype >= AWQ_NUM_DTYPES || (unsigned)k->out_dtype >= AWQ_NUM_DTYPES)
+        return 0;
+    switch (k->op) {
+    case AWQ_OP_DEQUANTIZE: return k->m == 0;
+    case AWQ_OP_LINEAR: return bucket_valid(k->m) && k->scale_dtype == k->out_dtype;
+    default: return 0;
+    }
 }
 
 int awq_tune_value_valid(const awq_tune_value *v)
@@ -58,14 +83,26 @@ int awq_tune_value_valid(const awq_tune_value *v)
     if (!v)
         return 0;
     const awq_config *c = &v->config;
-    if (c->kernel < AWQ_KERNEL_V1 || c->kernel > AWQ_KERNEL_CPU)
+    if (c->kernel < AWQ_KERNEL_V1 || c->kernel >= AWQ_NUM_KERNELS)
         return 0;
     if ((c->block_size != 0 && !awq_block_size_valid(c->block_size)) ||
         (c->rows != 0 && !awq_rows_valid(c->rows)))
         return 0;
+    if (c->split < 0 || c->split > AWQ_MAX_SPLIT)
+        return 0;
     if (c->threads < 0 || c->threads > TUNE_MAX_PARAM || c->chunk < 0)
         return 0;
     return isfinite(v->us) && v->us >= 0.0f;
+}
+
+int awq_tune_entry_valid(const awq_tune_key *k, const awq_tune_value *v)
+{
+    if (!awq_tune_key_valid(k) || !awq_tune_value_valid(v))
+        return 0;
+    const int kernel = v->config.kernel;
+    if (k->op == AWQ_OP_DEQUANTIZE)
+        return kernel <= AWQ_KERNEL_CPU && v->config.split == 0;
+    return kernel == AWQ_KERNEL_CPU || kernel >= AWQ_KERNEL_SIMT;
 }
 
 int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
@@ -86,6 +123,21 @@ int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, i
     k->G = G;
     k->scale_dtype = scale_dtype;
     k->out_dtype = out_dtype;
+    k->op = AWQ_OP_DEQUANTIZE;
+    if (!awq_tune_key_valid(k)) {
+        memset(k, 0, sizeof *k);
+        return -1;
+    }
+    return 0;
+}
+
+int awq_tune_linear_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
+                             int64_t G, awq_dtype dtype, int64_t m)
+{
+    if (awq_tune_key_init(k, device, gen, K, N, G, dtype, dtype) != 0)
+        return -1;
+    k->op = AWQ_OP_LINEAR;
+    k->m = m;
     if (!awq_tune_key_valid(k)) {
         memset(k, 0, sizeof *k);
         return -1;
@@ -100,7 +152,8 @@ static uint64_t key_hash(const awq_tune_key *k)
         h ^= (unsigned char)k->device[i];
         h *= UINT64_C(0x100000001b3); /* FNV-1a 64-bit prime */
     }
-    h = awq_mix64(h ^ (uint64_t)(unsigned)k->gen);
+    h = awq_mix64(h ^ (uint64_t)(unsigned)k->gen ^ (uint64_t)(unsigned)k->op << 32);
+    h = awq_mix64(h ^ (uint64_t)k->m);
     h = awq_mix64(h ^ (uint64_t)k->K);
     h = awq_mix64(h ^ (uint64_t)k->N);
     h = awq_mix64(h ^ (uint64_t)k->G);
@@ -110,7 +163,8 @@ static uint64_t key_hash(const awq_tune_key *k)
 
 static int key_equal(const awq_tune_key *a, const awq_tune_key *b)
 {
-    return a->gen == b->gen && a->K == b->K && a->N == b->N && a->G == b->G &&
+    return a->gen == b->gen && a->op == b->op && a->m == b->m && a->K == b->K && a->N == b->N &&
+           a->G == b->G &&
            a->scale_dtype == b->scale_dtype && a->out_dtype == b->out_dtype &&
            strncmp(a->device, b->device, AWQ_TUNE_DEVICE_LEN) == 0;
 }
@@ -122,6 +176,8 @@ static void key_copy(awq_tune_key *dst, const awq_tune_key *src)
     memset(dst, 0, sizeof *dst);
     memcpy(dst->device, src->device, strnlen(src->device, AWQ_TUNE_DEVICE_LEN));
     dst->gen = src->gen;
+    dst->op = src->op;
+    dst->m = src->m;
     dst->K = src->K;
     dst->N = src->N;
     dst->G = src->G;
@@ -275,7 +331,7 @@ int awq_table_get(awq_table *t, const awq_tune_key *k, awq_tune_value *v)
 
 int awq_table_put(awq_table *t, const awq_tune_key *k, const awq_tune_value *v)
 {
-    if (!t || !awq_tune_key_valid(k) || !awq_tune_value_valid(v))
+    if (!t || !awq_tune_entry_valid(k, v))
         return -2;
     pthread_mutex_lock(&t->mu);
     int rc = insert_locked(t, k, v, 1);

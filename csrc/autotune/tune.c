@@ -5,12 +5,12 @@
 
 #include <math.h>
 
-awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, awq_time_fn time_fn,
-                    void *ctx, awq_tune_value *best, int *detail)
+awq_status awq_tune(const awq_config *candidates, int n, awq_time_fn time_fn, void *ctx,
+                    awq_tune_value *best, int *detail)
 {
     if (detail)
         *detail = 0;
-    if (!p || !candidates || n <= 0 || !time_fn || !best)
+    if (!candidates || n <= 0 || !time_fn || !best)
         return AWQ_ERR_CONFIG;
     awq_tune_value b = {{0}, 0.0f};
     float b_rank = 0.0f; /* b.us, or the default's handicapped time */
@@ -18,7 +18,7 @@ awq_status awq_tune(const awq_problem *p, const awq_config *candidates, int n, a
     for (int i = 0; i < n; i++) {
         float us = 0.0f;
         int d = 0;
-        awq_status s = time_fn(p, &candidates[i], &us, &d, ctx);
+        awq_status s = time_fn(&candidates[i], &us, &d, ctx);
         if (s == AWQ_ERR_CONFIG)
             continue;
         if (s != AWQ_OK) {

@@ -50,17 +50,23 @@ const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "
  * were written (at most cap). */
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
-/* Optional ctx of awq_cpu_time (NULL: warmup 1, runs 3, budget_us 20000). */
+/* Fused linear configurations for the autotuner: the default (threads =
+ * chunk = 0) first, then threads x columns per work item. */
+int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
+
+/* The ctx of awq_cpu_time: the problem (exactly one of p and lp) and how to
+ * time it (0 fields: warmup 1, runs 3, budget_us 20000). */
 typedef struct {
+    const awq_problem *p;          /* a dequantize problem, or NULL */
+    const awq_linear_problem *lp;  /* a linear problem, or NULL */
     int warmup;       /* untimed runs first */
     int runs;         /* timed runs; the best one is reported */
-    double budget_us; /* stop timing early once the timed runs took this long (0: never) */
+    double budget_us; /* stop timing early once the timed runs took this long (< 0: never) */
 } awq_cpu_timing;
 
-/* An awq_time_fn: runs awq_cpu_dequantize, timed with CLOCK_MONOTONIC,
- * best of a few runs.  *detail is set to 0. */
-awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                        void *ctx);
+/* An awq_time_fn: runs awq_cpu_dequantize or awq_cpu_linear, timed with
+ * CLOCK_MONOTONIC, best of a few runs.  *detail is set to 0. */
+awq_status awq_cpu_time(const awq_config *c, float *us, int *detail, void *ctx);
 
 
 #ifdef __cplusplus

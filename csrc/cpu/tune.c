@@ -49,26 +49,31 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-awq_status awq_cpu_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                        void *ctx)
+/* One run of the timed problem. */
+static awq_status run_once(const awq_cpu_timing *o, const awq_config *c)
+{
+    return o->p != NULL ? awq_cpu_dequantize(o->p, c) : awq_cpu_linear(o->lp, c);
+}
+
+awq_status awq_cpu_time(const awq_config *c, float *us, int *detail, void *ctx)
 {
     const awq_cpu_timing *o = ctx;
-    int warmup = o ? o->warmup : 1;
-    int runs = o ? o->runs : 3;
-    double budget = o ? o->budget_us : 20000.0;
     if (detail)
         *detail = 0;
-    if (runs < 1)
-        runs = 1;
+    if (o == NULL || (o->p == NULL) == (o->lp == NULL))
+        return AWQ_ERR_CONFIG;
+    int warmup = o->warmup > 0 ? o->warmup : 1;
+    int runs = o->runs > 0 ? o->runs : 3;
+    double budget = o->budget_us > 0.0 ? o->budget_us : o->budget_us < 0.0 ? 0.0 : 20000.0;
     for (int i = 0; i < warmup; i++) {
-        awq_status s = awq_cpu_dequantize(p, c);
+        awq_status s = run_once(o, c);
         if (s != AWQ_OK)
             return s;
     }
     double best = 0.0, spent = 0.0;
     for (int i = 0; i < runs; i++) {
         double t0 = now_us();
-        awq_status s = awq_cpu_dequantize(p, c);
+        awq_status s = run_once(o, c);
         double dt = now_us() - t0;
         if (s != AWQ_OK)
             return s;

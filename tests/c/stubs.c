@@ -28,3 +28,11 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c)
 }
 
 int awq_cpu_max_threads(void) { return 6; }
+
+awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
+{
+    (void)p;
+    (void)c;
+    stub_calls++;
+    return stub_status;
+}

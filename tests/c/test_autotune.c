@@ -89,7 +89,8 @@ static awq_tune_value val_of(int i)
 static int val_eq(const awq_tune_value *a, const awq_tune_value *b)
 {
     return a->config.kernel == b->config.kernel && a->config.block_size == b->config.block_size &&
-           a->config.rows == b->config.rows && a->config.threads == b->config.threads &&
+           a->config.rows == b->config.rows && a->config.split == b->config.split &&
+           a->config.threads == b->config.threads &&
            a->config.chunk == b->config.chunk && a->us == b->us;
 }
 
@@ -444,7 +445,7 @@ static void test_round_trip(void)
     }
     /* awkward but legal values */
     awq_tune_key k;
-    awq_tune_value v = {{AWQ_KERNEL_CPU, 0, 0, 0, 0}, 0.0f};
+    awq_tune_value v = {{.kernel = AWQ_KERNEL_CPU}, 0.0f};
     awq_tune_key_init(&k, " spaced  device ", 7, 0, 0, 1, AWQ_F32, AWQ_BF16);
     awq_table_put(t, &k, &v);
     v.us = 3.4e38f;
@@ -463,10 +464,10 @@ static void test_round_trip(void)
 
     size_t len;
     char *text = read_all(path, &len);
-    CHECK(text && strncmp(text, "# awq_fast_dequant autotune cache v2\n", 37) == 0);
+    CHECK(text && strncmp(text, "# awq_fast_dequant autotune cache v3\n", 37) == 0);
     CHECK(text && text[len - 1] == '\n');
     CHECK(text &&
-          strstr(text, "NVIDIA H200 sm_90\t1\t128\t8\t128\tfloat16\tfloat16\tv1\t32\t0\t0\t0\t0.1\n"));
+          strstr(text, "NVIDIA H200 sm_90\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv1\t32\t0\t0\t0\t0\t0.1\n"));
     free(text);
 
     awq_table *u = awq_table_new();
@@ -651,7 +652,7 @@ static void test_concurrent_savers(void)
     awq_table_free(t);
 }
 
-static const char header[] = "# awq_fast_dequant autotune cache v2\n";
+static const char header[] = "# awq_fast_dequant autotune cache v3\n";
 
 static void test_damaged_files(void)
 {
@@ -672,7 +673,7 @@ static void test_damaged_files(void)
 
     /* header only, and comments / blank lines */
     path_in(path, sizeof path, "header.txt");
-    write_text(path, "# awq_fast_dequant autotune cache v2\n# a comment\n\n#\n");
+    write_text(path, "# awq_fast_dequant autotune cache v3\n# a comment\n\n#\n");
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 0 && warn[0] == '\0');
     CHECK(awq_table_size(t) == 0);
 
@@ -692,40 +693,40 @@ static void test_damaged_files(void)
     dev96[AWQ_TUNE_DEVICE_LEN] = '\0';
     int nb = sprintf(body,
                      "%s"
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t10.5\n"  /* valid */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t10.5\n"  /* valid */
                      "# comment\n"
                      "\n"
                      "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\n"        /* 11 fields */
                      "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\t9\n" /* 14 */
-                     "dev\t1\t12a\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K text */
-                     "dev\t1\t128\t8\t128\tfloat64\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* dtype */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv9\t256\t2\t0\t0\t1\n"  /* kernel */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tauto\t256\t2\t0\t0\t1\n" /* auto */
-                     "dev\t1\t128\t8\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"    /* G = 0 */
-                     "dev\t1\t128\t-8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N < 0 */
-                     "%s\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"   /* device */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\tnan\n"
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t48\t2\t0\t0\t1\n"   /* block */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t64\t3\t0\t0\t1\n"   /* rows */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t64\t128\t0\t0\t1\n" /* rows */
-                     "dev\t1\t100\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* K % G */
-                     "dev\t1\t128\t12\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* N % 8 */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1e999\n"
-                     "dev\t0\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* gen 0 */
-                     "dev\tg\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"  /* gen text */
+                     "dev\t1\tdequantize\t12a\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"  /* K text */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat64\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"  /* dtype */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv9\t256\t2\t0\t0\t0\t1\n"  /* kernel */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tauto\t256\t2\t0\t0\t0\t1\n" /* auto */
+                     "dev\t1\tdequantize\t128\t8\t0\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"    /* G = 0 */
+                     "dev\t1\tdequantize\t128\t-8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n" /* N < 0 */
+                     "%s\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"   /* device */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\tnan\n"
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t48\t2\t0\t0\t0\t1\n"   /* block */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t64\t3\t0\t0\t0\t1\n"   /* rows */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t64\t128\t0\t0\t0\t1\n" /* rows */
+                     "dev\t1\tdequantize\t100\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"  /* K % G */
+                     "dev\t1\tdequantize\t128\t12\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n" /* N % 8 */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1e999\n"
+                     "dev\t0\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"  /* gen 0 */
+                     "dev\tg\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"  /* gen text */
                      "dev\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"     /* v1 line */
-                     "\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"     /* no device */
-                     "dev\t1\t 128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n" /* space */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\r\n" /* CRLF */
-                     "dev\t1\t99999999999999999999\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n"
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0x10\n"
+                     "\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"     /* no device */
+                     "dev\t1\tdequantize\t 128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n" /* space */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\r\n" /* CRLF */
+                     "dev\t1\tdequantize\t99999999999999999999\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n"
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t0x10\n"
                      "%s" /* a 200 kB line */
-                     "dev\t1\t256\t8\t128\tbfloat16\tfloat32\tcpu\t0\t0\t4\t32\t7\n"  /* valid */
-                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv3\t128\t0\t0\t0\t9.25\n" /* dup: wins */
-                     "dev\t1\t512\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1", /* cut short */
+                     "dev\t1\tdequantize\t256\t8\t128\t0\tbfloat16\tfloat32\tcpu\t0\t0\t0\t4\t32\t7\n"  /* valid */
+                     "dev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv3\t128\t0\t0\t0\t0\t9.25\n" /* dup: wins */
+                     "dev\t1\tdequantize\t512\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1", /* cut short */
                      header, dev96, big);
     /* and one line holding a NUL byte, before the cut one */
-    static const char nul_line[] = "dev\t1\t1024\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\0\t0\t1\n";
+    static const char nul_line[] = "dev\t1\tdequantize\t1024\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\0\t0\t1\n";
     char *cut = strrchr(body, '\n') + 1;
     size_t cut_len = strlen(cut);
     memmove(cut + sizeof nul_line - 1, cut, cut_len + 1);
@@ -773,7 +774,7 @@ static void test_damaged_files(void)
         size_t lines = 0; /* complete entry lines in the prefix */
         for (size_t i = 0; i < c; i++)
             lines += ftext[i] == '\n';
-        lines = lines > 5 ? lines - 5 : 0; /* header + 4 comment lines */
+        lines = lines > 6 ? lines - 6 : 0; /* header + 5 comment lines */
         int partial = c > 0 && ftext[c - 1] != '\n';
         if (awq_table_size(t) != lines)
             bad++;
@@ -844,18 +845,26 @@ static void test_damaged_files(void)
     /* other first lines: version 0, no version, cut header, CRLF */
     const char *bad_headers[] = {
         "# awq_fast_dequant autotune cache v0\n", "# awq_fast_dequant autotune cache v\n",
-        "# awq_fast_dequant autotune cache v2",   "# awq_fast_dequant autotune cache v2\r\n",
-        "# awq_fast_dequant autotune cache v2x\n", "hello\n",
+        "# awq_fast_dequant autotune cache v3",   "# awq_fast_dequant autotune cache v3\r\n",
+        "# awq_fast_dequant autotune cache v3x\n", "hello\n",
     };
     for (size_t i = 0; i < sizeof bad_headers / sizeof *bad_headers; i++) {
         char buf[512];
-        snprintf(buf, sizeof buf, "%sdev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n",
+        snprintf(buf, sizeof buf, "%sdev\t1\tdequantize\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t0\t1\n",
                  bad_headers[i]);
         write_text(path, buf);
         awq_table_clear(t);
         CHECK(awq_table_load(t, path, warn, sizeof warn) == 1 && awq_table_size(t) == 0);
         CHECK_WARN(warn, "unrecognised first line");
     }
+
+    /* an older version (v2: no op, M and split fields) is ignored the same way */
+    path_in(path, sizeof path, "v2.txt");
+    write_text(path, "# awq_fast_dequant autotune cache v2\n"
+                     "dev\t1\t128\t8\t128\tfloat16\tfloat16\tv4\t256\t2\t0\t0\t1\n");
+    awq_table_clear(t);
+    CHECK(awq_table_load(t, path, warn, sizeof warn) == 1 && awq_table_size(t) == 0);
+    CHECK_WARN(warn, "has format v2, written by an older awq_fast_dequant");
 
     /* an older version (v1: no generation, tuned for older kernels): ignored
      * with a warning, and replaced by the next save */
@@ -877,12 +886,12 @@ static void test_damaged_files(void)
 
     /* a future version: ignored, and never overwritten */
     path_in(path, sizeof path, "future.txt");
-    const char future[] = "# awq_fast_dequant autotune cache v3\n"
-                          "NVIDIA H200 sm_90\t128\t8\t128\tfloat16\tfloat16\tv7\t1\t2\t3\t4\t5\tnew\n";
+    const char future[] = "# awq_fast_dequant autotune cache v4\n"
+                          "NVIDIA H200 sm_90\t128\tdequantize\t8\t128\tfloat16\t0\tfloat16\tv7\t1\t2\t3\t0\t4\t5\tnew\n";
     write_text(path, future);
     awq_table_clear(t);
     CHECK(awq_table_load(t, path, warn, sizeof warn) == 1);
-    CHECK_WARN(warn, "has format v3, newer than this build's v2");
+    CHECK_WARN(warn, "has format v4, newer than this build's v3");
     CHECK(awq_table_size(t) == 0);
     awq_table_put(t, &gk, &gv);
     CHECK(awq_table_save(t, path, warn, sizeof warn) == 1);
@@ -981,15 +990,77 @@ typedef struct {
 } fake_timing;
 
 /* Candidate i is told apart by its block_size field (= i). */
-static awq_status fake_time(const awq_problem *p, const awq_config *c, float *us, int *detail,
-                            void *ctx)
+static awq_status fake_time(const awq_config *c, float *us, int *detail, void *ctx)
 {
-    (void)p;
     fake_timing *f = ctx;
     f->calls++;
     *us = f->us[c->block_size];
     *detail = 1000 + c->block_size;
     return f->st[c->block_size];
+}
+
+/* Linear keys: op and M bucket are part of the key, the kernel must belong
+ * to the key's operation, and both survive the file. */
+static void test_linear_keys(void)
+{
+    char path[512], warn[1024];
+    awq_table *t = awq_table_new();
+    awq_tune_key d, l1, l8;
+    CHECK(awq_tune_key_init(&d, "dev", 1, 4096, 14336, 128, AWQ_F16, AWQ_F16) == 0);
+    CHECK(awq_tune_linear_key_init(&l1, "dev", 1, 4096, 14336, 128, AWQ_F16, 1) == 0);
+    CHECK(awq_tune_linear_key_init(&l8, "dev", 1, 4096, 14336, 128, AWQ_F16, 8) == 0);
+    awq_tune_key bad;
+    CHECK(awq_tune_linear_key_init(&bad, "dev", 1, 4096, 14336, 128, AWQ_F16, 3) == -1); /* not a bucket */
+    CHECK(awq_tune_linear_key_init(&bad, "dev", 1, 4096, 14336, 128, AWQ_F16, 0) == -1);
+    CHECK(awq_tune_linear_key_init(&bad, "dev", 1, 4096, 14336, 128, AWQ_F16,
+                                   2 * AWQ_M_BUCKET_MAX) == -1);
+    CHECK(awq_m_bucket(0) == 1 && awq_m_bucket(1) == 1 && awq_m_bucket(3) == 4 &&
+          awq_m_bucket(4096) == 4096 && awq_m_bucket(4097) == AWQ_M_BUCKET_MAX &&
+          awq_m_bucket(1 << 30) == AWQ_M_BUCKET_MAX);
+
+    awq_tune_value mma = {{.kernel = AWQ_KERNEL_MMA, .block_size = 128, .rows = 1, .split = 4}, 7.5f};
+    awq_tune_value deq = {{.kernel = AWQ_KERNEL_DEQUANT}, 90.0f};
+    awq_tune_value v4 = {{.kernel = AWQ_KERNEL_V4, .block_size = 64, .rows = 2}, 40.0f};
+    CHECK(awq_table_put(t, &d, &mma) == -2); /* a linear kernel for a dequantize key */
+    CHECK(awq_table_put(t, &l1, &v4) == -2); /* and the other way round */
+    awq_tune_value split_v4 = v4;
+    split_v4.config.split = 2;
+    CHECK(awq_table_put(t, &d, &split_v4) == -2);
+    awq_tune_value too_split = mma;
+    too_split.config.split = AWQ_MAX_SPLIT + 1;
+    CHECK(awq_table_put(t, &l1, &too_split) == -2);
+    CHECK(awq_table_put(t, &d, &v4) == 0 && awq_table_put(t, &l1, &mma) == 0 &&
+          awq_table_put(t, &l8, &deq) == 0);
+    CHECK(awq_table_size(t) == 3);
+
+    path_in(path, sizeof path, "linear.txt");
+    CHECK(awq_table_save(t, path, warn, sizeof warn) == 0);
+    char *text = read_all(path, NULL);
+    CHECK(text && strstr(text, "dev\t1\tlinear\t4096\t14336\t128\t1\tfloat16\tfloat16\tmma\t128\t1\t4\t0"
+                               "\t0\t7.5\n"));
+    CHECK(text && strstr(text, "dev\t1\tlinear\t4096\t14336\t128\t8\tfloat16\tfloat16\tdequant\t"));
+    free(text);
+    awq_table *u = awq_table_new();
+    CHECK(awq_table_load(u, path, warn, sizeof warn) == 0 && awq_table_size(u) == 3);
+    awq_tune_value got;
+    CHECK(awq_table_get(u, &l1, &got) && got.config.kernel == AWQ_KERNEL_MMA && got.config.split == 4);
+    CHECK(awq_table_get(u, &l8, &got) && got.config.kernel == AWQ_KERNEL_DEQUANT);
+    CHECK(awq_table_get(u, &d, &got) && got.config.kernel == AWQ_KERNEL_V4);
+
+    /* lines a v3 reader refuses: a linear line with mixed dtypes, with M 0,
+     * with a v4 kernel; a dequantize line with M 5 */
+    write_text(path, "# awq_fast_dequant autotune cache v3\n"
+                     "dev\t1\tlinear\t128\t8\t128\t1\tfloat16\tfloat32\tmma\t0\t0\t0\t0\t0\t1\n"
+                     "dev\t1\tlinear\t128\t8\t128\t0\tfloat16\tfloat16\tmma\t0\t0\t0\t0\t0\t1\n"
+                     "dev\t1\tlinear\t128\t8\t128\t2\tfloat16\tfloat16\tv4\t0\t0\t0\t0\t0\t1\n"
+                     "dev\t1\tdequantize\t128\t8\t128\t5\tfloat16\tfloat16\tv4\t0\t0\t0\t0\t0\t1\n"
+                     "dev\t1\tgemm\t128\t8\t128\t0\tfloat16\tfloat16\tv4\t0\t0\t0\t0\t0\t1\n"
+                     "dev\t1\tlinear\t128\t8\t128\t2\tbfloat16\tbfloat16\tsimt\t256\t0\t2\t0\t0\t1\n");
+    awq_table_clear(u);
+    CHECK(awq_table_load(u, path, warn, sizeof warn) == 1 && awq_table_size(u) == 1);
+    CHECK_WARN(warn, "ignored 5 malformed lines");
+    awq_table_free(u);
+    awq_table_free(t);
 }
 
 static void test_tune(void)
@@ -1009,18 +1080,18 @@ static void test_tune(void)
     fake_timing f = {{9, 5, 3, 3, 7, 2, 8, 1}, {0}, 0};
     f.st[5] = AWQ_ERR_CONFIG;    /* skipped */
     f.us[7] = NAN;               /* skipped */
-    CHECK(awq_tune(&p, cands, 8, fake_time, &f, &best, &detail) == AWQ_OK);
+    CHECK(awq_tune(cands, 8, fake_time, &f, &best, &detail) == AWQ_OK);
     CHECK(best.config.block_size == 2 && best.us == 3.0f && detail == 0); /* first of ties */
     CHECK(f.calls == 8);
 
     fake_timing g = {{1, 1, 1, 1, 1, 1, 1, 1}, {0}, 0};
     g.st[3] = AWQ_ERR_CUDA;
-    CHECK(awq_tune(&p, cands, 8, fake_time, &g, &best, &detail) == AWQ_ERR_CUDA);
+    CHECK(awq_tune(cands, 8, fake_time, &g, &best, &detail) == AWQ_ERR_CUDA);
     CHECK(detail == 1003 && g.calls == 4);
 
     fake_timing h = {{1}, {AWQ_ERR_CONFIG, AWQ_ERR_CONFIG}, 0};
-    CHECK(awq_tune(&p, cands, 2, fake_time, &h, &best, &detail) == AWQ_ERR_CONFIG);
-    CHECK(awq_tune(&p, cands, 0, fake_time, &h, &best, &detail) == AWQ_ERR_CONFIG);
+    CHECK(awq_tune(cands, 2, fake_time, &h, &best, &detail) == AWQ_ERR_CONFIG);
+    CHECK(awq_tune(cands, 0, fake_time, &h, &best, &detail) == AWQ_ERR_CONFIG);
 
     /* CPU candidates (the stub says 6 threads) */
     awq_config cc[64];
@@ -1044,14 +1115,16 @@ static void test_tune(void)
 
     /* the tuner with the CPU timer picks the stub's fast configuration */
     n = awq_cpu_candidates(&p, cc, 64);
-    awq_cpu_timing timing = {1, 2, 0.0};
-    CHECK(awq_tune(&p, cc, n, awq_cpu_time, &timing, &best, &detail) == AWQ_OK);
+    awq_cpu_timing timing = {&p, NULL, 1, 2, -1.0};
+    CHECK(awq_tune(cc, n, awq_cpu_time, &timing, &best, &detail) == AWQ_OK);
     CHECK(best.config.threads == 2 && best.config.chunk == 32);
     CHECK(best.us >= 50.0f && best.us < 300.0f);
     float us = 0;
-    CHECK(awq_cpu_time(&p, &cc[0], &us, &detail, NULL) == AWQ_OK && us >= 300.0f);
+    awq_cpu_timing dflt = {&p, NULL, 0, 0, 0.0};
+    CHECK(awq_cpu_time(&cc[0], &us, &detail, &dflt) == AWQ_OK && us >= 300.0f);
+    CHECK(awq_cpu_time(&cc[0], &us, &detail, NULL) == AWQ_ERR_CONFIG);
     stub_status = AWQ_ERR_NOMEM;
-    CHECK(awq_tune(&p, cc, n, awq_cpu_time, &timing, &best, &detail) == AWQ_ERR_NOMEM);
+    CHECK(awq_tune(cc, n, awq_cpu_time, &timing, &best, &detail) == AWQ_ERR_NOMEM);
     stub_status = AWQ_OK;
 }
 
@@ -1074,6 +1147,7 @@ int main(void)
         {"merge_two_tables", test_merge_two_tables},
         {"concurrent_savers", test_concurrent_savers},
         {"damaged_files", test_damaged_files},
+        {"linear_keys", test_linear_keys},
         {"tune", test_tune},
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
