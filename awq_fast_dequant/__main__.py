@@ -119,7 +119,11 @@ def main(argv=None) -> int:
     p_tune.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p_tune.add_argument("--device", choices=["cuda", "cpu"], default=None)
     sub.add_parser("bench", help="benchmarks (see: bench --help)")
+    from .convert import add_subcommands  # convert, inspect: each sets args.handler
+    add_subcommands(sub, parser.prog)
     args = parser.parse_args(argv)
+    if getattr(args, "handler", None):
+        return args.handler(args)
     return {"info": _cmd_info, "cache": _cmd_cache, "tune": _cmd_tune}[args.command](args)
 
 
