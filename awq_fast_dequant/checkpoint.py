@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import operator
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,6 +196,7 @@ class TensorInfo:
     file: str          # the shard holding it, relative to Checkpoint.folder
     dtype: str         # safetensors code: "F16", "I32", ...
     shape: tuple[int, ...]
+    offset: int = 0    # where its bytes start in the file
 
     @property
     def numel(self) -> int:
@@ -257,25 +259,28 @@ class Checkpoint:
     file_metadata: dict           # shard -> its safetensors __metadata__ (or None)
     own_files: frozenset          # the names in folder this checkpoint is made of
 
-    def unreadable(self, framework: str) -> list[TensorInfo]:
-        """The tensors safetensors cannot return in `framework` ("numpy" or "pt")."""
+    def unreadable(self, framework: str, names=None) -> list[TensorInfo]:
+        """The tensors (of `names`, default all) that safetensors cannot return
+        in `framework` ("numpy" or "pt")."""
         if framework == "pt":
             return []
-        bad = [t for t in self.tensors.values() if t.dtype not in _NUMPY_CODES]
-        if any(t.dtype == "BF16" for t in self.tensors.values()):
+        infos = [self.tensors[n] for n in (self.tensors if names is None else names)]
+        bad = [t for t in infos if t.dtype not in _NUMPY_CODES]
+        if any(t.dtype == "BF16" for t in infos):
             try:
                 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
             except ImportError:
-                bad += [t for t in self.tensors.values() if t.dtype == "BF16"]
+                bad += [t for t in infos if t.dtype == "BF16"]
         return bad
 
-    def open_tensors(self, framework: str = "numpy") -> "TensorReader":
+    def open_tensors(self, framework: str = "numpy", names=None) -> "TensorReader":
         """A reader of this checkpoint's tensors as NumPy arrays ("numpy") or
         torch CPU tensors ("pt"). Raises CheckpointError, before reading
-        anything, when a tensor's dtype cannot be held in that framework."""
+        anything, when a tensor of `names` (default: all) cannot be held in
+        that framework."""
         if framework not in ("numpy", "pt"):
             raise ValueError(f"framework must be 'numpy' or 'pt'; got {framework!r}")
-        bad = self.unreadable(framework)
+        bad = self.unreadable(framework, names)
         if bad:
             names = ", ".join(f"{t.name} ({t.dtype})" for t in bad[:3])
             more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
@@ -332,6 +337,16 @@ def _read_json(path: Path, what: str):
         raise CheckpointFileError(f"{what} {path} is not valid JSON: {e}") from None
 
 
+def _data_offsets(path: Path) -> dict:
+    """name -> offset of its first byte in the file, from a safetensors header
+    that safe_open has already validated (8-byte length, JSON, then the data)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {name: 8 + length + entry["data_offsets"][0]
+            for name, entry in header.items() if name != "__metadata__"}
+
+
 def _read_headers(folder: Path, files):
     """(tensors, metadata) from the safetensors headers of `files`."""
     safe_open = _safetensors().safe_open
@@ -341,9 +356,11 @@ def _read_headers(folder: Path, files):
         try:
             with safe_open(str(path), framework="numpy") as f:
                 metadata[file] = f.metadata()
+                offsets = _data_offsets(path)
                 for name in f.keys():
                     view = f.get_slice(name)
-                    info = TensorInfo(name, file, view.get_dtype(), tuple(view.get_shape()))
+                    info = TensorInfo(name, file, view.get_dtype(), tuple(view.get_shape()),
+                                      offsets[name])
                     if name in tensors:
                         raise CheckpointFileError(
                             f"tensor {name!r} is stored twice: in {tensors[name].file} and {file}")

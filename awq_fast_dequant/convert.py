@@ -21,6 +21,7 @@ transposed on the GPU and copied back for writing.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -142,9 +143,10 @@ class SafetensorsWriter:
     """Writes one safetensors file whose tensors are known up front, streaming.
 
     entries: (name, dtype code, shape) of every tensor, in the order their
-    data will be written. The header goes out at once; then write() takes each
-    tensor's data in that order, so only the tensor being written needs to be
-    in memory. finish() flushes the file to disk.
+    data will be written. The header goes out at once; then each tensor's
+    bytes follow in that order, from memory (write) or straight from another
+    file (copy_range), so only the tensor being written needs to be in memory.
+    finish() flushes the file to disk.
     """
 
     def __init__(self, path, entries, metadata=None):
@@ -166,21 +168,31 @@ class SafetensorsWriter:
         text += b" " * (-len(text) % 8)
         self.size = 8 + len(text) + offset
         self._done = 0
-        self._file = open(path, "xb")
+        # A raw descriptor: write() and copy_range() both append at its offset.
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            self._file.write(struct.pack("<Q", len(text)))
-            self._file.write(text)
+            _write_all(self._fd, struct.pack("<Q", len(text)) + text)
         except BaseException:
-            self._file.close()
+            self.abort()
             raise
 
+    def _next(self, name: str, nbytes: int) -> None:
+        expected, size = self._expected[self._done]
+        if name != expected or nbytes != size:
+            raise ValueError(f"expected tensor {expected} ({size} bytes) next; got {name} "
+                             f"({nbytes} bytes)")
+
     def write(self, name: str, data) -> None:
-        """Write the next tensor's data (a contiguous NumPy array of its bytes)."""
-        expected, nbytes = self._expected[self._done]
-        if name != expected or data.nbytes != nbytes:
-            raise ValueError(f"expected tensor {expected} ({nbytes} bytes) next; got {name} "
-                             f"({data.nbytes} bytes)")
-        self._file.write(memoryview(_numpy_bytes(data)))
+        """Write the next tensor's data: a contiguous NumPy array of its bytes."""
+        self._next(name, data.nbytes)
+        _write_all(self._fd, memoryview(_numpy_bytes(data)))
+        self._done += 1
+
+    def copy_range(self, name: str, path, offset: int, nbytes: int) -> None:
+        """Write the next tensor's data from bytes offset..offset+nbytes of the file `path`."""
+        self._next(name, nbytes)
+        with open(path, "rb") as src:
+            _copy_range(src.fileno(), self._fd, offset, nbytes)
         self._done += 1
 
     def finish(self) -> None:
@@ -188,12 +200,48 @@ class SafetensorsWriter:
         outrun the data."""
         if self._done != len(self._expected):
             raise ValueError(f"{self._done} of {len(self._expected)} tensors written")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        os.fsync(self._fd)
+        self.abort()
 
     def abort(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]  # one write(2) moves at most ~2 GB
+
+
+# Bytes per read/write when the kernel cannot copy between the files itself.
+_COPY_CHUNK = 16 << 20
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int) -> None:
+    """Append bytes offset..offset+count of src to dst: copy_file_range(2)
+    copies inside the kernel (no user memory; a reflink on file systems that
+    share blocks); pread/write otherwise."""
+    kernel_copy = getattr(os, "copy_file_range", None)
+    while count:
+        if kernel_copy is not None:
+            try:
+                done = kernel_copy(src, dst, count, offset)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
+                                   errno.EBADF, errno.EPERM):
+                    raise
+                kernel_copy = None  # e.g. across file systems on older kernels
+                continue
+        else:
+            chunk = os.pread(src, min(count, _COPY_CHUNK), offset)
+            _write_all(dst, chunk)
+            done = len(chunk)
+        if done == 0:
+            raise OSError(errno.EIO, f"unexpected end of file copying {count} bytes at {offset}")
+        offset += done
+        count -= done
 
 
 def _numpy_bytes(arr) -> np.ndarray:
@@ -201,26 +249,43 @@ def _numpy_bytes(arr) -> np.ndarray:
     return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
 
 
-def _transpose(w: np.ndarray, pool, workers: int) -> np.ndarray:
-    """[K, N] -> contiguous [N, K], runs of rows spread over `workers` threads
-    of `pool` (NumPy releases the GIL while it copies)."""
-    K, N = w.shape
-    out = np.empty((N, K), dtype=w.dtype)
+def _transpose(w: np.ndarray, out: np.ndarray, pool, workers: int) -> None:
+    """out[N, K] = w[K, N].T, runs of rows spread over `workers` threads of
+    `pool` (NumPy releases the GIL while it copies)."""
+    K = w.shape[0]
     step = _TRANSPOSE_ROWS
 
     def rows(k0, k1):
         for k in range(k0, k1, step):
             np.copyto(out[:, k:min(k + step, k1)], w[k:min(k + step, k1)].T)
 
-    chunk = -(-K // (workers * step)) * step  # rows per thread, a multiple of step
-    bounds = [(k, min(k + chunk, K)) for k in range(0, K, max(chunk, step))]
+    chunk = max(step, -(-K // (workers * step)) * step)  # rows per thread, a multiple of step
+    bounds = [(k, min(k + chunk, K)) for k in range(0, K, chunk)]
     if len(bounds) < 2:
         for b in bounds:
             rows(*b)
     else:
         for f in [pool.submit(rows, *b) for b in bounds]:
             f.result()
-    return out
+
+
+class _Buffers:
+    """Two output buffers used in turn, each as large as the largest layer:
+    one is being written while the next layer is computed into the other.
+    Reusing them spares the page faults of a fresh allocation per layer."""
+
+    def __init__(self, allocate, nbytes: int):
+        self._buffers = [allocate(nbytes), allocate(nbytes)]
+        self._turn = 0
+
+    def next(self):
+        self._turn ^= 1
+        return self._buffers[self._turn]
+
+
+def _max_dense_bytes(ckpt, dtype: str) -> int:
+    itemsize = DTYPE_SIZES[_DTYPE_CODES[dtype]]
+    return max(layer.in_features * layer.out_features for layer in ckpt.layers) * itemsize
 
 
 class _NumpyBackend:
@@ -228,52 +293,67 @@ class _NumpyBackend:
 
     framework = "numpy"
 
-    def __init__(self, dtype: str, layout: str):
+    def __init__(self, dtype: str, layout: str, max_bytes: int):
+        from ._frameworks import numpy_dtype
+
         self.dtype, self.layout = dtype, layout
+        self._np_dtype = numpy_dtype(dtype)
+        self._out = _Buffers(lambda n: np.empty(n, np.uint8), max_bytes)
+        self._scratch = np.empty(max_bytes if layout == "linear" else 0, np.uint8)
         self._workers = min(8, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="awq-transpose")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
+    def _view(self, buffer: np.ndarray, shape) -> np.ndarray:
+        n = shape[0] * shape[1] * self._np_dtype.itemsize
+        return buffer[:n].view(self._np_dtype).reshape(shape)
+
     def dense(self, reader, layer: QuantizedLayer, stats: ConvertStats) -> np.ndarray:
+        K, N = layer.in_features, layer.out_features
         t0 = time.perf_counter()
         qweight, qzeros, scales = (reader.get(t.name) for t in layer.tensors)
         t1 = time.perf_counter()
-        w = _awq.dequantize(qweight, qzeros, scales, group_size=layer.group_size or None,
-                            out_dtype=self.dtype)
+        buffer = self._out.next()
+        w = self._view(self._scratch if self.layout == "linear" else buffer, (K, N))
+        _awq.dequantize(qweight, qzeros, scales, group_size=layer.group_size or None, out=w,
+                        out_dtype=self.dtype)
         t2 = time.perf_counter()
         if self.layout == "linear":
-            w = _transpose(w, self._pool, self._workers)
+            wt = self._view(buffer, (N, K))
+            _transpose(w, wt, self._pool, self._workers)
+            w = wt
         t3 = time.perf_counter()
         stats.read_seconds += t1 - t0
         stats.dequantize_seconds += t2 - t1
         stats.transpose_seconds += t3 - t2
         return _numpy_bytes(w)
 
-    def copy(self, reader, info: TensorInfo, stats: ConvertStats) -> np.ndarray:
-        t0 = time.perf_counter()
-        data = _numpy_bytes(reader.get(info.name))
-        stats.read_seconds += time.perf_counter() - t0
-        return data
-
 
 class _TorchBackend:
-    """CUDA: torch tensors read on the host, dequantized and transposed on the device."""
+    """CUDA: torch tensors read on the host, dequantized and transposed on the
+    device, copied back into pinned host buffers for writing."""
 
     framework = "pt"
 
-    def __init__(self, dtype: str, layout: str, device):
+    def __init__(self, dtype: str, layout: str, device, max_bytes: int):
         import torch
 
         self.torch, self.device = torch, device
         self.dtype, self.layout = dtype, layout
+        self._torch_dtype = getattr(torch, dtype)
+
+        def allocate(n):
+            try:  # pinned memory: faster copies from the device
+                return torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:
+                return torch.empty(n, dtype=torch.uint8)
+
+        self._out = _Buffers(allocate, max_bytes)
 
     def close(self) -> None:
         pass
-
-    def _bytes(self, t) -> np.ndarray:
-        return t.contiguous().reshape(-1).view(self.torch.uint8).numpy()
 
     def dense(self, reader, layer: QuantizedLayer, stats: ConvertStats) -> np.ndarray:
         torch, device = self.torch, self.device
@@ -289,18 +369,13 @@ class _TorchBackend:
         t3 = time.perf_counter()
         if self.layout == "linear":
             w = w.t().contiguous()
-        data = self._bytes(w.cpu())
+        buffer = self._out.next()[: w.numel() * w.element_size()]
+        buffer.view(self._torch_dtype).view(w.shape).copy_(w)
         t4 = time.perf_counter()
         stats.read_seconds += t1 - t0
         stats.dequantize_seconds += t3 - t2
         stats.transpose_seconds += (t2 - t1) + (t4 - t3)
-        return data
-
-    def copy(self, reader, info: TensorInfo, stats: ConvertStats) -> np.ndarray:
-        t0 = time.perf_counter()
-        data = self._bytes(reader.get(info.name))
-        stats.read_seconds += time.perf_counter() - t0
-        return data
+        return buffer.numpy()
 
 
 def _check_dtype(dtype, ckpt) -> str:
@@ -335,7 +410,7 @@ def _backend(device, dtype: str, layout: str, ckpt):
                 raise ConvertError(
                     "bfloat16 on the CPU needs ml_dtypes (pip install ml_dtypes), "
                     "or convert with --device cuda") from None
-        return _NumpyBackend(dtype, layout)
+        return _NumpyBackend(dtype, layout, _max_dense_bytes(ckpt, dtype))
     match = re.fullmatch(r"cuda(?::(\d+))?", device)
     if not match:
         raise ConvertError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
@@ -351,7 +426,8 @@ def _backend(device, dtype: str, layout: str, ckpt):
     count = torch.cuda.device_count()
     if index >= count:
         raise ConvertError(f"device {device!r}: torch sees {count} CUDA device(s)")
-    return _TorchBackend(dtype, layout, torch.device("cuda", index))
+    return _TorchBackend(dtype, layout, torch.device("cuda", index),
+                         _max_dense_bytes(ckpt, dtype))
 
 
 def _check_destination(dst, ckpt, overwrite: bool) -> Path:
@@ -491,9 +567,12 @@ def _write_shards(ckpt, plan: dict, backend, reader, tmp: Path, stats, progress)
                 for job in jobs:
                     if job.layer is not None:
                         data = backend.dense(reader, job.layer, stats)
+                        task = (writer.write, job.name, data)
                         stats.layers += 1
-                    else:
-                        data = backend.copy(reader, job.tensor, stats)
+                    else:  # the bytes as they are, copied by the writer thread
+                        info = job.tensor
+                        task = (writer.copy_range, job.name, ckpt.folder / info.file,
+                                info.offset, job.nbytes)
                         stats.tensors_copied += 1
                     # One write in flight while the next tensor is computed:
                     # at most two dense tensors are alive.
@@ -502,9 +581,9 @@ def _write_shards(ckpt, plan: dict, backend, reader, tmp: Path, stats, progress)
                         pending[0].result()
                         stats.write_wait_seconds += time.perf_counter() - t0
                         progress.advance(pending[1])
-                    pending = (pool.submit(writer.write, job.name, data), job)
+                    pending = (pool.submit(*task), job)
                     weight_map[job.name] = file
-                    del data
+                    del task
                 t0 = time.perf_counter()
                 pending[0].result()
                 progress.advance(pending[1])
@@ -550,7 +629,8 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
         stats = ConvertStats(device=str(device), dtype=dtype, layout=layout)
         copies = _files_to_copy(ckpt, stats)
         plan = _plan(ckpt, dtype, layout)
-        reader = ckpt.open_tensors(backend.framework)
+        reader = ckpt.open_tensors(backend.framework,
+                                   [t.name for layer in ckpt.layers for t in layer.tensors])
         with reader:
             dst.absolute().parent.mkdir(parents=True, exist_ok=True)
             tmp = _new_folder_next_to(dst, "partial")
