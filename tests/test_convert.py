@@ -392,6 +392,47 @@ def test_failure_copying_files_leaves_no_dst(tmp_path, tensors, monkeypatch):
     assert_nothing_left(tmp_path, tmp_path / "dst")
 
 
+# ---------------------------------------------------------------------------- copies
+
+@pytest.mark.parametrize("how", ["no copy_file_range", "EXDEV"])
+def test_byte_copies_without_copy_file_range(tmp_path, tensors, monkeypatch, how):
+    if how == "EXDEV":
+        def refuse(*a):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(cv.os, "copy_file_range", refuse, raising=False)
+    else:
+        monkeypatch.delattr(cv.os, "copy_file_range", raising=False)
+    monkeypatch.setattr(cv, "_COPY_CHUNK", 64)  # many chunks per tensor
+    src = write_checkpoint(tmp_path / "src", tensors, shards=2)
+    cv.convert(src, tmp_path / "dst")
+    check_against_reference(tensors, converted(tmp_path / "dst"))
+
+
+def test_copy_range_refuses_a_short_source(tmp_path):
+    (tmp_path / "src.bin").write_bytes(b"0123456789")
+    w = cv.SafetensorsWriter(tmp_path / "x.safetensors", [("a", "U8", (8,))])
+    with pytest.raises(OSError, match="unexpected end of file"):
+        w.copy_range("a", tmp_path / "src.bin", 4, 8)
+    w.abort()
+
+
+def test_convert_bench_script_runs(tmp_path, capsys):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "convert_bench.py")
+    spec = importlib.util.spec_from_file_location("convert_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out_json = tmp_path / "bench.json"
+    assert bench.main(["--layers", "1", "--vocab", "64", "--shard-gb", "0.05", "--dir",
+                       str(tmp_path), "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "ratio to the plain copy" in out and "% of the time in dequantize" in out
+    result = json.loads(out_json.read_text())
+    assert result["runs"][0]["bytes_written"] > 7 * 4096 * 1024 * 2
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # temporary files removed
+
+
 # ---------------------------------------------------------------------------- writer
 
 def test_writer_refuses_out_of_order_or_missing_tensors(tmp_path):
