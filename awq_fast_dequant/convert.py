@@ -168,6 +168,7 @@ class SafetensorsWriter:
         text += b" " * (-len(text) % 8)
         self.size = 8 + len(text) + offset
         self._done = 0
+        self._unsynced = 0
         # A raw descriptor: write() and copy_range() both append at its offset.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
@@ -186,14 +187,24 @@ class SafetensorsWriter:
         """Write the next tensor's data: a contiguous NumPy array of its bytes."""
         self._next(name, data.nbytes)
         _write_all(self._fd, memoryview(_numpy_bytes(data)))
-        self._done += 1
+        self._written(data.nbytes)
 
     def copy_range(self, name: str, path, offset: int, nbytes: int) -> None:
         """Write the next tensor's data from bytes offset..offset+nbytes of the file `path`."""
         self._next(name, nbytes)
         with open(path, "rb") as src:
             _copy_range(src.fileno(), self._fd, offset, nbytes)
+        self._written(nbytes)
+
+    def _written(self, nbytes: int) -> None:
         self._done += 1
+        self._unsynced += nbytes
+        if self._unsynced >= _SYNC_BYTES:
+            # Left to itself the kernel may hold gigabytes of dirty pages and
+            # write them all at finish(); syncing as we go keeps the disk busy
+            # while the next tensors are computed (this runs on the writer thread).
+            _fdatasync(self._fd)
+            self._unsynced = 0
 
     def finish(self) -> None:
         """Flush to disk and close: the rename that publishes DST must not
@@ -207,6 +218,11 @@ class SafetensorsWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# Bytes written between two flushes to disk.
+_SYNC_BYTES = 256 << 20
+_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 def _write_all(fd: int, data) -> None:

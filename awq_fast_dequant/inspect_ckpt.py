@@ -189,7 +189,8 @@ def inspect_checkpoint(src, *, group_size=None, reference=None, progress=False) 
         except ImportError:
             pass
     layers, total = [], _Accumulator()
-    with ckpt.open_tensors("numpy") as reader, \
+    names = [t.name for layer in ckpt.layers for t in layer.tensors]
+    with ckpt.open_tensors("numpy", names) as reader, \
             TensorReader(ref_folder or ckpt.folder, ref_tensors or {}) as ref_reader:
         for layer in ckpt.layers:
             ref = (_reference_weight(ref_reader, ref_tensors, layer)
