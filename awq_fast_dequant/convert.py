@@ -4,8 +4,10 @@ convert() streams. Every output shape and dtype is known from the input's
 safetensors headers, so each output shard's header is written first and its
 tensors follow one at a time: a quantized layer is read (memory-mapped),
 dequantized by the C core, transposed to nn.Linear's [out, in] layout and
-handed to a writer thread while the next tensor is computed; every other
-tensor is copied unchanged. At most two dense tensors are in memory at once.
+handed to a writer thread while the next one is computed; every other tensor
+is copied as the byte range it occupies in the input, by the kernel. Two
+reused buffers (and one scratch buffer on the CPU) of the largest dense
+layer's size hold the dense data.
 
 Nothing is written before everything has been checked (open_checkpoint() for
 the checkpoint, the options and DST here), and the result appears under DST
@@ -13,10 +15,10 @@ only when complete: it is built in a temporary folder next to DST, flushed to
 disk, then renamed. Any exception, KeyboardInterrupt included, removes the
 temporary folder.
 
-Arrays: on the CPU, tensors are NumPy arrays; bfloat16 (scales, output or a
-copied tensor) needs ml_dtypes, which safetensors' NumPy reader and the C core
-both understand. With --device cuda they are torch tensors, dequantized and
-transposed on the GPU and copied back for writing.
+Arrays: on the CPU, quantized layers are NumPy arrays; bfloat16 scales or
+output need ml_dtypes, which safetensors' NumPy reader and the C core both
+understand. With --device cuda they are torch tensors, dequantized and
+transposed on the GPU and copied back into pinned host buffers for writing.
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ _DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 _STALE_PATTERNS = ("*.safetensors", "*.safetensors.index.json",
                    "pytorch_model*.bin", "pytorch_model*.bin.index.json")
 
-# Rows of the dense [K, N] weight copied per step of the transposition: a
-# run of 16 rows keeps every output row's 32-byte destination in one cache
-# line, which makes the strided copy about four times faster than one
+# Rows of the dense [K, N] weight copied per step of the transposition: with
+# a run of 16 rows, each output row's destination is 32 or 64 contiguous
+# bytes (one cache line) and the 16 source rows stay in cache across the
+# columns, which makes the strided copy several times faster than one
 # whole-matrix copy.
 _TRANSPOSE_ROWS = 16
 
@@ -99,9 +102,16 @@ class ConvertStats:
     def summary(self) -> str:
         return (f"converted {self.layers} layers to {self.dtype} ({self.layout} layout) on "
                 f"{self.device}, copied {self.tensors_copied} tensors and {self.files_copied} "
-                f"files: {self.bytes_written / 1e9:.3f} GB written in {self.seconds:.2f} s "
+                f"files: {_size(self.bytes_written)} written in {self.seconds:.2f} s "
                 f"({self.gbps:.2f} GB/s), {100 * self.dequantize_share:.1f}% of the time in "
                 "dequantize")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"
 
 
 @dataclass(frozen=True)
@@ -504,12 +514,22 @@ def _write_json(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_folder(path: Path) -> None:
+def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush a copied file, or a copied folder and everything in it, to disk."""
+    if path.is_dir():
+        for entry in path.iterdir():
+            _fsync_tree(entry)
+    elif not path.is_file():
+        return
+    _fsync_path(path)  # fsync through a read-only descriptor works for files too
 
 
 def _new_folder_next_to(dst: Path, tag: str) -> Path:
@@ -538,7 +558,7 @@ def _publish(tmp: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, dst)
-    _fsync_folder(dst.parent)
+    _fsync_path(dst.parent)
 
 
 class _Progress:
@@ -639,9 +659,9 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
     ckpt = open_checkpoint(src, group_size=group_size)
     dtype = _check_dtype(dtype, ckpt)
     layout = _check_layout(layout)
+    dst = _check_destination(dst, ckpt, overwrite)
     backend = _backend(device, dtype, layout, ckpt)
     try:
-        dst = _check_destination(dst, ckpt, overwrite)
         stats = ConvertStats(device=str(device), dtype=dtype, layout=layout)
         copies = _files_to_copy(ckpt, stats)
         plan = _plan(ckpt, dtype, layout)
@@ -655,8 +675,9 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
             try:
                 weight_map = _write_shards(ckpt, plan, backend, reader, tmp, stats, bar)
                 if ckpt.sharded:
-                    meta = {k: v for k, v in (ckpt.index.get("metadata") or {}).items()
-                            if k != "total_size"}
+                    meta = ckpt.index.get("metadata")
+                    meta = {k: v for k, v in meta.items() if k != "total_size"} \
+                        if isinstance(meta, dict) else {}
                     meta["total_size"] = sum(j.nbytes for js in plan.values() for j in js)
                     _write_json(tmp / INDEX_NAME,
                                 {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
@@ -667,8 +688,9 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
                         shutil.copytree(entry, tmp / entry.name)
                     else:
                         shutil.copy2(entry, tmp / entry.name)
+                    _fsync_tree(tmp / entry.name)
                     stats.files_copied += 1
-                _fsync_folder(tmp)
+                _fsync_path(tmp)
                 _publish(tmp, dst)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
