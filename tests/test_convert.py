@@ -408,6 +408,24 @@ def test_byte_copies_without_copy_file_range(tmp_path, tensors, monkeypatch, how
     check_against_reference(tensors, converted(tmp_path / "dst"))
 
 
+@pytest.mark.parametrize("platform", ["linux", "darwin"])
+def test_writeback_after_every_tensor(tmp_path, tensors, monkeypatch, platform):
+    # posix_fadvise on Linux, fdatasync elsewhere: the bytes must not change.
+    calls = []
+    monkeypatch.setattr(cv, "_SYNC_BYTES", 1)
+    monkeypatch.setattr(cv.sys, "platform", platform)
+    for name in ("posix_fadvise", "fdatasync"):
+        real = getattr(cv.os, name, None)
+        if real is not None:
+            monkeypatch.setattr(cv.os, name, lambda *a, _real=real, _name=name: (
+                calls.append(_name), _real(*a))[1])
+    src = write_checkpoint(tmp_path / "src", tensors, shards=2)
+    cv.convert(src, tmp_path / "dst")
+    check_against_reference(tensors, converted(tmp_path / "dst"))
+    expected = "posix_fadvise" if platform == "linux" else "fdatasync"
+    assert calls.count(expected) >= len(tensors) // 3 and set(calls) == {expected}
+
+
 def test_copy_range_refuses_a_short_source(tmp_path):
     (tmp_path / "src.bin").write_bytes(b"0123456789")
     w = cv.SafetensorsWriter(tmp_path / "x.safetensors", [("a", "U8", (8,))])
