@@ -508,6 +508,28 @@ def test_cli_help_states_defaults(capsys):
 
 # ---------------------------------------------------------------------------- GPU
 
+@pytest.mark.parametrize("dtype, layout, words", [("float16", "linear", np.int32),
+                                                  ("bfloat16", "awq", np.uint32),
+                                                  ("float32", "linear", np.uint32)])
+def test_torch_backend_on_cpu_tensors_equals_numpy(tmp_path, rng, monkeypatch, dtype, layout,
+                                                   words):
+    # The --device cuda path (safetensors' torch reader, torch dequantize, the
+    # transposition and host buffers), run on CPU tensors so that it is checked
+    # without a GPU.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    t = make_tensors(rng, word_dtype=words)
+    src = write_checkpoint(tmp_path / "src", t, shards=2)
+    numpy_stats = cv.convert(src, tmp_path / "numpy", dtype=dtype, layout=layout)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(cv, "_backend", lambda device, dtype, layout, ckpt: cv._TorchBackend(
+        dtype, layout, torch.device("cpu"), cv._max_dense_bytes(ckpt, dtype)))
+    torch_stats = cv.convert(src, tmp_path / "torch", dtype=dtype, layout=layout)
+    assert torch_stats.bytes_written == numpy_stats.bytes_written
+    for f in sorted(p for p in (tmp_path / "numpy").iterdir() if p.is_file()):
+        assert (tmp_path / "torch" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, layout", [("float16", "linear"), ("bfloat16", "awq"),
