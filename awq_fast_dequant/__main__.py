@@ -162,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "cpu)")
     p_tune.set_defaults(run=_cmd_tune, parser=p_tune)
 
+    from .convert import add_subcommands  # convert, inspect
+
+    add_subcommands(sub, PROG)
+
     # Listed for --help; its arguments are parsed by the benchmark itself.
     sub.add_parser("bench", help=f"benchmarks (see: {PROG} bench --help)")
     return parser
