@@ -15,7 +15,7 @@ from awq_fast_dequant import _C, reference
 
 from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem, run_threads
 
-HEADER = "# awq_fast_dequant autotune cache v2\n"
+HEADER = "# awq_fast_dequant autotune cache v3\n"
 CPU_GEN = awq.build_info()["kernel_generations"]["cpu"]
 
 
@@ -112,7 +112,7 @@ def test_first_call_tunes_then_hits(cache_dir, rng):
     assert entry["gen"] == CPU_GEN
     text = (cache_dir / "autotune.txt").read_text()
     assert text.startswith(HEADER)
-    assert f"\t{CPU_GEN}\t256\t512\t128\tfloat16\tfloat16\tcpu\t" in text
+    assert f"\t{CPU_GEN}\tdequantize\t256\t512\t128\t0\tfloat16\tfloat16\tcpu\t" in text
     assert awq.cache_path() == str(cache_dir / "autotune.txt")
 
 
@@ -168,7 +168,7 @@ def test_four_processes_tune_different_shapes_at_once(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     lines = [l for l in (tmp_path / "autotune.txt").read_text().splitlines()
              if l and not l.startswith("#")]
-    assert sorted(int(l.split("\t")[3]) for l in lines) == [64, 128, 256, 512]  # N
+    assert sorted(int(l.split("\t")[4]) for l in lines) == [64, 128, 256, 512]  # N
 
 
 def test_eight_threads_same_new_shape(cache_dir, rng):
@@ -188,7 +188,8 @@ def test_eight_threads_same_new_shape(cache_dir, rng):
 
 # ---- a damaged cache is never an error ----
 
-GOOD = f"cpu x86_64 avx2+f16c 2t\t{CPU_GEN}\t64\t64\t32\tfloat16\tfloat16\tcpu\t0\t0\t1\t8\t12.5\n"
+GOOD = (f"cpu x86_64 avx2+f16c 2t\t{CPU_GEN}\tdequantize\t64\t64\t32\t0\tfloat16\tfloat16\tcpu"
+        "\t0\t0\t0\t1\t8\t12.5\n")
 
 DAMAGED = {
     "empty": "",
@@ -259,29 +260,33 @@ def test_entries_of_other_kernel_generations_are_kept_not_used(cache_dir, rng):
     assert awq.cache_stats()["hits"] == 1
 
 
-def test_old_format_file_is_replaced(cache_dir, rng):
-    """A version-1 file (no generation: tuned for older kernels) is ignored with
-    one warning, and the first save replaces it with the current format."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_format_file_is_replaced(cache_dir, rng, version):
+    """A file of an older format (v1: no generation; v2: no op, M and split)
+    is ignored with one warning, and the first save replaces it with the
+    current format."""
     qw, qz, sc = make_problem(rng, 128, 64, 32)
-    fields = _tuned_fields(cache_dir, qw, qz, sc)
-    v1_line = "\t".join([fields[0]] + fields[2:]) + "\n"
+    f = _tuned_fields(cache_dir, qw, qz, sc)
+    # v3: device gen op K N G M scales out kernel block rows split threads chunk us
+    v2 = [f[0], f[1]] + f[3:6] + f[7:12] + f[13:]
+    old_line = "\t".join(v2 if version == 2 else v2[:1] + v2[2:]) + "\n"
     cache_dir.mkdir(exist_ok=True)
     path = cache_dir / "autotune.txt"
-    path.write_text("# awq_fast_dequant autotune cache v1\n" + v1_line)
-    with pytest.warns(RuntimeWarning, match="format v1, written by an older"):
+    path.write_text(f"# awq_fast_dequant autotune cache v{version}\n" + old_line)
+    with pytest.warns(RuntimeWarning, match=f"format v{version}, written by an older"):
         got = awq.smart_dequantize(qw, qz, sc)
     reference.assert_bitexact(got, reference.dequantize(qw, qz, sc))
     assert awq.cache_stats()["tunings"] == 1
     text = path.read_text()
-    assert text.startswith(HEADER) and v1_line not in text
+    assert text.startswith(HEADER) and old_line not in text
     assert [e["gen"] for e in awq.cache_entries()] == [CPU_GEN]
 
 
 def _write_entry(cache_dir, fields, config):
     """The cache file holding one entry: `fields`' key with `config`
-    (kernel, block_size, rows, threads, chunk) and a time of 1 us."""
+    (kernel, block_size, rows, split, threads, chunk) and a time of 1 us."""
     cache_dir.mkdir(exist_ok=True)
-    line = fields[:7] + list(config) + ["1"]
+    line = fields[:9] + list(config) + ["1"]
     (cache_dir / "autotune.txt").write_text(HEADER + "\t".join(line) + "\n")
     _C._dev.cache_reload()
 
@@ -292,9 +297,9 @@ def test_hand_edited_cpu_entries_stay_exact(cache_dir, rng):
     qw, qz, sc = make_problem(rng, 256, 64, 32)
     fields = _tuned_fields(cache_dir, qw, qz, sc)
     expect = reference.dequantize(qw, qz, sc)
-    cases = {"huge chunk": (("cpu", "0", "0", "0", str(2**63 - 1)), 0),
-             "many threads": (("cpu", "0", "0", "65536", "1"), 0),
-             "a GPU config": (("v4", "256", "2", "0", "0"), 1)}
+    cases = {"huge chunk": (("cpu", "0", "0", "0", "0", str(2**63 - 1)), 0),
+             "many threads": (("cpu", "0", "0", "0", "65536", "1"), 0),
+             "a GPU config": (("v4", "256", "2", "0", "0", "0"), 1)}
     for name, (config, tunings) in cases.items():
         _write_entry(cache_dir, fields, config)
         reference.assert_bitexact(awq.smart_dequantize(qw, qz, sc), expect)

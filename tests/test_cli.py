@@ -101,9 +101,9 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     """`cache show | head -1`: the output (a few hundred KB, more than a pipe holds)
     meets a closed pipe; the command ends quietly with SIGPIPE's status, 141."""
     gen = awq.build_info()["kernel_generations"]["cpu"]
-    lines = [f"cpu x86_64 test 2t\t{gen}\t{8 * (k + 1)}\t64\t8\tfloat16\tfloat16\tcpu\t0\t0\t1\t8"
-             f"\t12.5\n" for k in range(4000)]
-    (tmp_path / "autotune.txt").write_text("# awq_fast_dequant autotune cache v2\n"
+    lines = [f"cpu x86_64 test 2t\t{gen}\tdequantize\t{8 * (k + 1)}\t64\t8\t0\tfloat16\tfloat16"
+             f"\tcpu\t0\t0\t0\t1\t8\t12.5\n" for k in range(4000)]
+    (tmp_path / "autotune.txt").write_text("# awq_fast_dequant autotune cache v3\n"
                                            + "".join(lines))
     proc = subprocess.Popen([sys.executable, "-m", "awq_fast_dequant", "cache", "show"],
                             cwd=tmp_path, env=child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(tmp_path)),
