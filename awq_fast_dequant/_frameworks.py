@@ -97,10 +97,13 @@ def matmul(x, w, bias, y, stream):
     for NumPy and CuPy half types it runs in float32 with one rounding."""
     mod = _module_of(x)
     K, N = w.shape
+    M = 1
+    for d in x.shape[:-1]:
+        M *= int(d)
     if mod == "torch":
         import torch
 
-        x2, y2 = x.reshape(-1, K), y.view(-1, N)
+        x2, y2 = x.reshape(M, K), y.view(M, N)
         with _torch_stream_scope(torch, x, stream):
             if bias is None:
                 torch.mm(x2, w, out=y2)
@@ -111,16 +114,17 @@ def matmul(x, w, bias, y, stream):
         import cupy
 
         with _cupy_stream_scope(cupy, stream, x.device.id):
-            acc = cupy.matmul(x.reshape(-1, K).astype(cupy.float32), w.astype(cupy.float32))
+            acc = cupy.matmul(x.reshape(M, K).astype(cupy.float32), w.astype(cupy.float32))
             if bias is not None:
                 acc += bias.astype(cupy.float32)
-            y.reshape(-1, N)[...] = acc.astype(y.dtype)
+            y.reshape(M, N)[...] = acc.astype(y.dtype)
         return None
-    x2 = np.asarray(x).reshape(-1, K)
-    acc = np.matmul(x2.astype(np.float32), np.asarray(w).astype(np.float32))
-    if bias is not None:
-        acc += np.asarray(bias).astype(np.float32)
-    np.asarray(y).reshape(-1, N)[...] = acc.astype(np.asarray(y).dtype)
+    x2 = np.asarray(x).reshape(M, K)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf weights are data here
+        acc = np.matmul(x2.astype(np.float32), np.asarray(w).astype(np.float32))
+        if bias is not None:
+            acc += np.asarray(bias).astype(np.float32)
+        np.asarray(y).reshape(M, N)[...] = acc.astype(np.asarray(y).dtype)
     return None
 
 

@@ -152,3 +152,87 @@ def pytest_terminal_summary(terminalreporter):
     skipped = terminalreporter.stats.get("skipped", [])
     if skipped:
         terminalreporter.write_line(skip_summary(skip_reason(r) for r in skipped))
+
+
+# ---- linear(): problems, the float64 reference and DESIGN.md section 7's tolerance ----
+
+# (mantissa bits, smallest normal exponent, largest finite) of each dtype
+_FLOAT_FORMATS = {"float16": (10, -14, 65504.0), "bfloat16": (7, -126, 3.3895313892515355e38),
+                  "float32": (23, -126, 3.4028234663852886e38)}
+
+
+def linear_problem(rng, M, K, N, G, dtype="float16", bias=True, specials=False, lead=None):
+    """x ([M, K], or lead + (K,)), qweight, qzeros, scales and bias (or None), NumPy,
+    x / scales / bias in `dtype`.  Without specials the scales are finite and their
+    size keeps products well inside every dtype's range."""
+    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=specials)
+    if not specials:
+        sc = np.clip(sc, -64.0, 64.0)
+    shape = tuple(lead) + (K,) if lead is not None else (M, K)
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    nd = np_dtype(dtype)
+    return (x.astype(nd), qw, qz, sc.astype(nd), None if b is None else b.astype(nd))
+
+
+def as_float64(a):
+    """A NumPy or torch array (any device, bfloat16 too) as float64 NumPy."""
+    if hasattr(a, "detach"):
+        return a.detach().float().cpu().numpy().astype(np.float64)
+    return np.asarray(a).astype(np.float32).astype(np.float64)
+
+
+def linear_reference(x, qw, qz, sc, bias, group_size=None):
+    """(y64, bound): y64 = x @ W + bias in float64 with W the reference dequantization in
+    x's dtype; bound = 2^-9 (|x| @ |W|), the sum part of the tolerance."""
+    xs = as_float64(x)
+    qwn, qzn = (np.asarray(a.cpu()) if hasattr(a, "cpu") else np.asarray(a) for a in (qw, qz))
+    scn = as_float64(sc)
+    dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
+    out_dtype = dtype if dtype in _FLOAT_FORMATS else str(np.asarray(x).dtype)
+    # float32 scales hold every float16 / bfloat16 scale exactly: the same products
+    W = awq.reference.dequantize(qwn, qzn, scn.astype(np.float32), group_size=group_size,
+                                 out_dtype=out_dtype)
+    W = as_float64(W)
+    K = W.shape[0]
+    x2 = xs.reshape(-1, K)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x2 @ W
+        bound = np.abs(x2) @ np.abs(W)
+    if bias is not None:
+        y = y + as_float64(bias)
+    lead = xs.shape[:-1]
+    return y.reshape(lead + (W.shape[1],)), 2.0**-9 * bound.reshape(lead + (W.shape[1],))
+
+
+def _ulp(v, dtype):
+    p, emin, _ = _FLOAT_FORMATS[dtype]
+    with np.errstate(divide="ignore"):
+        e = np.floor(np.log2(np.abs(v)))
+    e = np.where(np.isfinite(e), np.maximum(e, emin), emin)
+    return np.exp2(e - p)
+
+
+def assert_linear_close(y, x, qw, qz, sc, bias, group_size=None):
+    """y is within |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of y's dtype of the float64
+    reference; NaN exactly where the reference is NaN, the reference's infinities
+    exactly, and an infinity elsewhere only where y64 rounds beyond the dtype's range."""
+    dtype = str(getattr(y, "dtype", "")).replace("torch.", "")
+    if dtype not in _FLOAT_FORMATS:
+        dtype = str(np.asarray(y).dtype)
+    y64, bound = linear_reference(x, qw, qz, sc, bias, group_size)
+    got = as_float64(y)
+    assert got.shape == y64.shape, (got.shape, y64.shape)
+    nan_ref = np.isnan(y64)
+    assert np.array_equal(np.isnan(got), nan_ref), "NaN where the reference has none, or not"
+    inf_ref = np.isinf(y64)
+    assert np.array_equal(got[inf_ref], y64[inf_ref]), "the reference's infinities"
+    fin = np.isfinite(y64)
+    tol = bound[fin] + _ulp(y64[fin], dtype)
+    over = ~np.isfinite(got[fin])
+    maxf = _FLOAT_FORMATS[dtype][2]
+    assert (np.abs(y64[fin][over]) + tol[over] >= maxf).all(), "overflow where none is due"
+    err = np.abs(got[fin][~over] - y64[fin][~over])
+    bad = err > tol[~over]
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.size} outside the tolerance; worst "
+                           f"excess {float((err - tol[~over]).max()):.3g}")

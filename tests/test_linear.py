@@ -1,0 +1,370 @@
+"""linear(): y = x @ W + bias from the packed weights (DESIGN.md section 7).
+
+Every result is held to the tolerance against a float64 reference built from
+the reference dequantization (conftest.assert_linear_close); the fused path is
+also deterministic.  GPU tests skip without a usable GPU."""
+
+import os
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+from awq_fast_dequant import _C, reference
+
+from conftest import (DTYPES, as_float64, assert_linear_close, linear_problem, make_problem,
+                      np_dtype)
+
+bits = reference.to_bits
+PATHS = ("fused", "dequant", "auto")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Tuning writes to a private cache folder, never the user's."""
+    monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AWQ_FAST_DEQUANT_AUTOTUNE", raising=False)
+    _C._dev.cache_reload()
+    yield tmp_path / "cache"
+    _C._dev.cache_reload()
+
+
+# ---- the CPU paths ----
+
+# (K, N, G): one group, G = K with a K tail, N = 8, N tails, several groups
+CPU_SHAPES = [(32, 8, 32), (64, 24, 32), (200, 40, 200), (128, 136, 64), (96, 64, 32),
+              (256, 72, 128)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K, N, G", CPU_SHAPES)
+def test_cpu_fused_within_tolerance(rng, dtype, K, N, G):
+    for M in (1, 2, 3, 4, 5, 8, 17):
+        for bias in (True, False):
+            x, qw, qz, sc, b = linear_problem(rng, M, K, N, G, dtype, bias=bias)
+            y = awq.linear(x, qw, qz, sc, b, path="fused")
+            assert y.shape == (M, N) and y.dtype == x.dtype
+            assert_linear_close(y, x, qw, qz, sc, b)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_paths_within_tolerance(rng, path, dtype):
+    x, qw, qz, sc, b = linear_problem(rng, 6, 256, 64, 64, dtype)
+    assert_linear_close(awq.linear(x, qw, qz, sc, b, path=path), x, qw, qz, sc, b)
+
+
+@pytest.mark.parametrize("M", [0, 1, 7])
+def test_any_leading_dimensions(rng, M):
+    K, N, G = 128, 48, 32
+    for lead in ((M,), (2, M), (3, 1, M)):
+        x, qw, qz, sc, b = linear_problem(rng, M, K, N, G, "float32", lead=lead)
+        for path in PATHS:
+            y = awq.linear(x, qw, qz, sc, b, path=path)
+            assert y.shape == lead + (N,)
+            assert_linear_close(y, x, qw, qz, sc, b)
+    x1 = linear_problem(rng, 1, K, N, G, "float32", lead=())[0]  # 1-D x: one row
+    assert x1.shape == (K,)
+    y1 = awq.linear(x1, qw, qz, sc)
+    assert y1.shape == (N,)
+    assert_linear_close(y1, x1, qw, qz, sc, None)
+
+
+def test_k_zero_is_the_bias(rng):
+    x = np.zeros((3, 0), np.float32)
+    qw = np.zeros((0, 2), np.int32)
+    qz = np.zeros((0, 2), np.int32)
+    sc = np.zeros((0, 16), np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    np.testing.assert_array_equal(awq.linear(x, qw, qz, sc, b), np.broadcast_to(b, (3, 16)))
+    np.testing.assert_array_equal(awq.linear(x, qw, qz, sc), np.zeros((3, 16), np.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_scales_propagate_as_in_the_reference(rng, dtype):
+    for path in PATHS:
+        x, qw, qz, sc, b = linear_problem(rng, 5, 128, 64, 32, dtype, specials=True)
+        assert np.isnan(as_float64(sc)).any() and np.isinf(as_float64(sc)).any()
+        y = awq.linear(x, qw, qz, sc, b, path=path)
+        assert np.isnan(as_float64(y)).any()
+        assert_linear_close(y, x, qw, qz, sc, b)
+
+
+def test_group_size_argument(rng):
+    x, qw, qz, sc, b = linear_problem(rng, 3, 96, 32, 96, "float32")
+    for g in (None, 96, -1, np.int64(96)):
+        assert_linear_close(awq.linear(x, qw, qz, sc, b, group_size=g), x, qw, qz, sc, b)
+    with pytest.raises(ValueError, match="group_size 32 gives"):
+        awq.linear(x, qw, qz, sc, b, group_size=32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_is_deterministic(rng, dtype):
+    x, qw, qz, sc, b = linear_problem(rng, 4, 512, 256, 128, dtype)
+    first = awq.linear(x, qw, qz, sc, b, path="fused")
+    for _ in range(3):
+        np.testing.assert_array_equal(bits(awq.linear(x, qw, qz, sc, b, path="fused")),
+                                      bits(first))
+
+
+def test_out_is_written_and_returned(rng):
+    x, qw, qz, sc, b = linear_problem(rng, 2, 64, 16, 32, "float16", lead=(2, 2))
+    out = np.full((2, 2, 16), 7, np.float16)
+    for path in PATHS:
+        out[...] = 7
+        r = awq.linear(x, qw, qz, sc, b, out=out, path=path)
+        assert r is out
+        assert_linear_close(out, x, qw, qz, sc, b)
+
+
+def test_torch_tensors_in_torch_out(rng):
+    torch = pytest.importorskip("torch")
+    for dtype in ("float16", "bfloat16", "float32"):
+        x, qw, qz, sc, b = linear_problem(rng, 3, 128, 32, 64, "float32")
+        td = getattr(torch, dtype)
+        tx, tsc, tb = (torch.from_numpy(a).to(td) for a in (x, sc, b))
+        tqw, tqz = torch.from_numpy(qw), torch.from_numpy(qz)
+        for path in PATHS:
+            y = awq.linear(tx, tqw, tqz, tsc, tb, path=path)
+            assert isinstance(y, torch.Tensor) and y.dtype == td and y.shape == (3, 32)
+            assert_linear_close(y, tx, tqw, tqz, tsc, tb)
+
+
+# ---- the autotune cache: keyed by operation and M bucket ----
+
+def test_tuning_is_keyed_by_operation_and_m_bucket(rng, private_cache):
+    x, qw, qz, sc, b = linear_problem(rng, 1, 256, 64, 64, "float16")
+    awq.linear(x, qw, qz, sc, b)                      # bucket 1: tuned
+    x3 = linear_problem(rng, 3, 256, 64, 64, "float16")[0]
+    awq.linear(x3, qw, qz, sc, b)                     # bucket 4: tuned
+    x4 = linear_problem(rng, 4, 256, 64, 64, "float16")[0]
+    y4 = awq.linear(x4, qw, qz, sc, b)                # bucket 4: a hit
+    assert_linear_close(y4, x4, qw, qz, sc, b)
+    awq.dequantize(qw, qz, sc)                        # dequantize is never tuned here
+    stats = awq.cache_stats()
+    assert (stats["tunings"], stats["hits"]) == (2, 1)
+    linear = sorted((e["M"], e["K"], e["N"], e["G"]) for e in awq.cache_entries()
+                    if e["op"] == "linear")
+    assert linear == [(1, 256, 64, 64), (4, 256, 64, 64)]
+    assert all(e["kernel"] in ("cpu", "dequant") for e in awq.cache_entries())
+    text = (private_cache / "autotune.txt").read_text()
+    assert "\tlinear\t256\t64\t64\t1\tfloat16\tfloat16\t" in text
+    assert "\tlinear\t256\t64\t64\t4\tfloat16\tfloat16\t" in text
+
+
+def test_untuned_when_autotune_is_off(rng, monkeypatch):
+    monkeypatch.setenv("AWQ_FAST_DEQUANT_AUTOTUNE", "0")
+    _C._dev.cache_reload()
+    x, qw, qz, sc, b = linear_problem(rng, 2, 128, 32, 32, "float32")
+    assert_linear_close(awq.linear(x, qw, qz, sc, b), x, qw, qz, sc, b)
+    assert awq.cache_stats()["tunings"] == 0 and awq.cache_entries() == []
+
+
+# ---- errors: each a clear exception, nothing written ----
+
+def _call(kind, rng, **override):
+    x, qw, qz, sc, b = linear_problem(rng, 3, 64, 16, 32, "float16")
+    out = np.full((3, 16), 7, np.float16)
+    args = dict(x=x, qweight=qw, qzeros=qz, scales=sc, bias=b, out=out)
+    args.update(override)
+    with pytest.raises(kind) as info:
+        awq.linear(args.pop("x"), args.pop("qweight"), args.pop("qzeros"), args.pop("scales"),
+                   args.pop("bias"), **args)
+    assert (out == 7).all(), "out was written by a rejected call"
+    return str(info.value)
+
+
+ERRORS = [
+    (ValueError, "x's last dimension must be K = 64", lambda r: dict(x=np.zeros((3, 32), np.float16))),
+    (TypeError, "scales must have x's dtype float16, got float32",
+     lambda r: dict(scales=np.zeros((2, 16), np.float32))),
+    (TypeError, "bias must have x's dtype float16", lambda r: dict(bias=np.zeros(16, np.float32))),
+    (TypeError, "out must have x's dtype float16", lambda r: dict(out=np.zeros((3, 16), np.float32))),
+    (TypeError, "x must be float16, bfloat16 or float32", lambda r: dict(x=np.zeros((3, 64), np.int32))),
+    (ValueError, r"bias must have shape \(16,\)", lambda r: dict(bias=np.zeros(8, np.float16))),
+    (ValueError, "bias must be a 1-D array", lambda r: dict(bias=np.zeros((1, 16), np.float16))),
+    (ValueError, r"out must have shape \(3, 16\)", lambda r: dict(out=np.zeros((3, 8), np.float16))),
+    (ValueError, "x is not C-contiguous", lambda r: dict(x=np.zeros((64, 3), np.float16).T)),
+    (ValueError, "path must be 'auto', 'fused' or 'dequant'", lambda r: dict(path="gemm")),
+    (TypeError, "path must be a str", lambda r: dict(path=1)),
+    (ValueError, "stream applies to CUDA tensors", lambda r: dict(stream=0)),
+    (TypeError, "qweight must be int32 or uint32", lambda r: dict(qweight=np.zeros((64, 2), np.int64))),
+    (ValueError, "qzeros must have 2 columns", lambda r: dict(qzeros=np.zeros((2, 3), np.int32))),
+    (TypeError, "unexpected keyword argument 'kernel'", lambda r: dict(kernel="v4")),
+]
+
+
+@pytest.mark.parametrize("kind, message, make", ERRORS, ids=[e[1][:30] for e in ERRORS])
+def test_bad_arguments(rng, kind, message, make):
+    import re
+    assert re.search(message, _call(kind, rng, **make(rng)))
+
+
+def test_read_only_and_overlapping_out(rng):
+    x, qw, qz, sc, b = linear_problem(rng, 3, 64, 16, 32, "float16")
+    ro = np.full((3, 16), 7, np.float16)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        awq.linear(x, qw, qz, sc, b, out=ro)
+    buf = np.full(3 * 64, 7, np.float16)
+    xs = buf.reshape(3, 64)
+    xs[...] = x
+    with pytest.raises(ValueError, match="out overlaps x"):
+        awq.linear(xs, qw, qz, sc, b, out=buf[:48].reshape(3, 16))
+    np.testing.assert_array_equal(xs, x)
+
+
+def test_missing_and_extra_arguments(rng):
+    x, qw, qz, sc, b = linear_problem(rng, 3, 64, 16, 32, "float16")
+    with pytest.raises(TypeError, match="missing required argument 'scales'"):
+        awq.linear(x, qw, qz)
+    with pytest.raises(TypeError, match="takes 5 positional arguments"):
+        awq.linear(x, qw, qz, sc, b, 32)
+
+
+# ---- fork ----
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_after_a_linear_call(rng):
+    from test_robustness import _child_status
+    x, qw, qz, sc, b = linear_problem(rng, 4, 512, 1024, 128, "float16")
+    want = bits(awq.linear(x, qw, qz, sc, b, path="fused"))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            same = all(np.array_equal(bits(awq.linear(x, qw, qz, sc, b, path="fused")), want)
+                       for _ in range(3))
+            code = 0 if same else 3
+        except BaseException:
+            code = 2
+        os._exit(code)
+    assert _child_status(pid, timeout=60) == 0
+
+
+# ---- CUDA ----
+
+cuda = pytest.mark.skipif(not awq.cuda_available(), reason="needs a CUDA GPU")
+
+
+def _to(torch, arrays, device, dtype):
+    x, qw, qz, sc, b = arrays
+    td = getattr(torch, dtype)
+    f = (lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.float32)).to(device, td))
+    return f(x), torch.from_numpy(qw).to(device), torch.from_numpy(qz).to(device), f(sc), f(b)
+
+
+# Shapes that exercise every tail of the fused kernels: N not a multiple of 64 or
+# 128, K not a multiple of 16 or the K tile, G in {32, 64, 128, K}.
+CUDA_SHAPES = [(128, 64, 32), (256, 136, 64), (384, 200, 128), (200, 72, 200), (512, 8, 128),
+               (4096, 264, 128), (1536, 1536, 128), (96, 1032, 32)]
+CUDA_MS = [1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 64, 100, 128, 257]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("K, N, G", CUDA_SHAPES)
+def test_cuda_fused_within_tolerance(rng, dtype, K, N, G):
+    torch = pytest.importorskip("torch")
+    for M in CUDA_MS:
+        arrays = linear_problem(rng, M, K, N, G, "float32", bias=M % 2 == 1)
+        tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", dtype)
+        y = awq.linear(tx, tqw, tqz, tsc, tb, path="fused")
+        assert y.is_cuda and y.dtype == tx.dtype and y.shape == (M, N)
+        assert_linear_close(y, tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+@pytest.mark.parametrize("M", [1024])
+def test_cuda_fused_large_m(rng, M):
+    torch = pytest.importorskip("torch")
+    arrays = linear_problem(rng, M, 1024, 512, 128, "float32")
+    tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", "float16")
+    assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb, path="fused"), tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_paths_and_dtypes(rng, dtype, path):
+    torch = pytest.importorskip("torch")
+    for M in (1, 4, 33):
+        arrays = linear_problem(rng, M, 256, 128, 64, "float32")
+        tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", dtype)
+        assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb, path=path), tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_specials_odd_groups_and_3d(rng, dtype):
+    torch = pytest.importorskip("torch")
+    for (K, N, G) in [(96, 64, 32), (48, 24, 8), (120, 16, 24)]:  # G below 16: CUDA cores
+        arrays = linear_problem(rng, 3, K, N, G, "float32", specials=True, lead=(2, 3))
+        tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", dtype)
+        for path in PATHS:
+            assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb, path=path), tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_fused_is_deterministic(rng, dtype):
+    torch = pytest.importorskip("torch")
+    for M, (K, N) in [(1, (1536, 1536)), (16, (4096, 512)), (100, (2048, 1024))]:
+        tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, 128, "float32"), "cuda",
+                                    dtype)
+        first = awq.linear(tx, tqw, tqz, tsc, tb, path="fused")
+        for _ in range(3):
+            assert torch.equal(awq.linear(tx, tqw, tqz, tsc, tb, path="fused"), first)
+
+
+@cuda
+def test_cuda_out_side_stream_and_graph(rng):
+    torch = pytest.importorskip("torch")
+    tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, 4, 1024, 256, 128, "float32"), "cuda",
+                                "float16")
+    want = awq.linear(tx, tqw, tqz, tsc, tb, path="fused")
+    out = torch.full_like(want, 7)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        r = awq.linear(tx, tqw, tqz, tsc, tb, out=out, path="fused")
+    assert r is out
+    side.synchronize()
+    assert torch.equal(out, want)
+    out.fill_(7)
+    awq.linear(tx, tqw, tqz, tsc, tb, out=out, stream=side, path="fused")
+    side.synchronize()
+    assert torch.equal(out, want)
+    # capture and replay: the graph reads x's memory as it is at replay
+    g = torch.cuda.CUDAGraph()
+    static_out = torch.empty_like(want)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        awq.linear(tx, tqw, tqz, tsc, tb, out=static_out)  # auto: never tunes under capture
+    tx.mul_(-1)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_linear_close(static_out, tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+def test_cuda_devices_differ(rng):
+    torch = pytest.importorskip("torch")
+    tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, 2, 64, 16, 32, "float32"), "cuda",
+                                "float16")
+    with pytest.raises(ValueError, match="all tensors must be on one device: x is on cuda:0"):
+        awq.linear(tx.cpu(), tqw, tqz, tsc, tb)
+    with pytest.raises(ValueError, match="bias is on cpu"):
+        awq.linear(tx, tqw, tqz, tsc, tb.cpu())
+
+
+@cuda
+@pytest.mark.skipif(_C.cuda_device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_second_device(rng):
+    torch = pytest.importorskip("torch")
+    for path in PATHS:
+        tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, 5, 512, 128, 128, "float32"),
+                                    "cuda:1", "float16")
+        y = awq.linear(tx, tqw, tqz, tsc, tb, path=path)
+        assert y.device == torch.device("cuda:1")
+        assert_linear_close(y, tx, tqw, tqz, tsc, tb)
