@@ -66,16 +66,8 @@ int awq_dequantize_job_prepare(PyObject *module, PyObject *const *slots, int sma
 
 PyObject *awq_dequantize_job_release(awq_dequantize_job *job, int keep)
 {
-    if (job->have_outv)
-        awq_view_release(&job->outv);
-    for (int i = 0; i < AWQ_NUM_ARGS; i++)
-        if (job->call.have[i])
-            awq_view_release(&job->call.v[i]);
-    PyObject *r = keep ? job->result : NULL;
-    if (!keep)
-        Py_CLEAR(job->result);
-    job->result = NULL;
-    return r;
+    return awq_call_end(job->call.v, job->call.have, AWQ_NUM_ARGS,
+                        job->have_outv ? &job->outv : NULL, &job->result, keep);
 }
 
 PyObject *awq_py_dequantize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,

@@ -88,23 +88,36 @@ static int prepare(PyObject *module, PyObject *const *slots, linear_job *job)
 
 static PyObject *release(linear_job *job, int keep)
 {
-    if (job->have_yv)
-        awq_view_release(&job->yv);
-    for (int i = 0; i < AWQ_LIN_NUM_ARGS; i++)
-        if (job->call.have[i])
-            awq_view_release(&job->call.v[i]);
-    PyObject *r = keep ? job->result : NULL;
-    if (!keep)
-        Py_CLEAR(job->result);
-    job->result = NULL;
-    return r;
+    return awq_call_end(job->call.v, job->call.have, AWQ_LIN_NUM_ARGS,
+                        job->have_yv ? &job->yv : NULL, &job->result, keep);
 }
 
 /* ---- the dequantize path ---- */
 
+/* The dequantize problem that writes W (x's dtype) into out, and its
+ * default configuration. */
+static awq_problem weight_problem(const awq_linear_problem *lp, void *out, awq_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kernel = lp->device >= 0 ? AWQ_KERNEL_V4 : AWQ_KERNEL_CPU;
+    return (awq_problem){.qweight = lp->qweight,
+                         .qzeros = lp->qzeros,
+                         .scales = lp->scales,
+                         .out = out,
+                         .K = lp->K,
+                         .N = lp->N,
+                         .G = lp->G,
+                         .scale_dtype = lp->dtype,
+                         .out_dtype = lp->dtype,
+                         .device = lp->device,
+                         .stream = lp->stream};
+}
+
 /* W = dequantize(qweight, qzeros, scales) in x's dtype, in a new [K, N]
- * array of x's framework on the call's stream; a new reference or NULL. */
-static PyObject *dense_weight(const linear_job *job)
+ * array of x's framework on the call's stream; a new reference or NULL.
+ * With run == 0 the array is only allocated; *wv (when given) keeps its
+ * view for the caller to release. */
+static PyObject *dense_weight(const linear_job *job, int run, awq_view *wv_out)
 {
     awq_state *st = awq_get_state(job->module);
     const awq_linear_problem *lp = &job->p;
@@ -113,20 +126,13 @@ static PyObject *dense_weight(const linear_job *job)
     PyObject *w = awq_alloc_like(st, job->x, &job->call.v[AWQ_LIN_X], 2, shape, lp->dtype, &wv);
     if (w == NULL)
         return NULL;
-    awq_problem dq = {.qweight = lp->qweight,
-                      .qzeros = lp->qzeros,
-                      .scales = lp->scales,
-                      .out = wv.data,
-                      .K = lp->K,
-                      .N = lp->N,
-                      .G = lp->G,
-                      .scale_dtype = lp->dtype,
-                      .out_dtype = lp->dtype,
-                      .device = lp->device,
-                      .stream = lp->stream};
-    awq_config cfg = {.kernel = lp->device >= 0 ? AWQ_KERNEL_V4 : AWQ_KERNEL_CPU};
-    int r = awq_run_dequantize(&dq, &cfg);
-    awq_view_release(&wv);
+    awq_config cfg;
+    awq_problem dq = weight_problem(lp, wv.data, &cfg);
+    int r = run ? awq_run_dequantize(&dq, &cfg) : 0;
+    if (wv_out != NULL && r == 0)
+        *wv_out = wv;
+    else
+        awq_view_release(&wv);
     if (r < 0)
         Py_CLEAR(w);
     return w;
@@ -160,7 +166,7 @@ static PyObject *call_hook(const linear_job *job, PyObject *hook, PyObject *w)
 static int run_dequant_path(const linear_job *job)
 {
     awq_state *st = awq_get_state(job->module);
-    PyObject *w = dense_weight(job);
+    PyObject *w = dense_weight(job, 1, NULL);
     if (w == NULL)
         return -1;
     PyObject *r = call_hook(job, st->matmul_hook, w);
@@ -178,20 +184,12 @@ static int time_dequant_path(void *ctx, float *us)
     const linear_job *job = ctx;
     awq_state *st = awq_get_state(job->module);
     const awq_linear_problem *lp = &job->p;
-    PyObject *w = dense_weight(job);
+    awq_view wv;
+    PyObject *w = dense_weight(job, 0, &wv);
     if (w == NULL)
         return -1;
-    awq_view wv;
-    awq_view_opts opts = {0, 1, 0, 0};
-    if (awq_view_from_object(st, w, "w", AWQ_NDIM_2D, &opts, &wv) < 0) {
-        Py_DECREF(w);
-        return -1;
-    }
-    awq_problem dq = {.qweight = lp->qweight, .qzeros = lp->qzeros, .scales = lp->scales,
-                      .out = wv.data, .K = lp->K, .N = lp->N, .G = lp->G,
-                      .scale_dtype = lp->dtype, .out_dtype = lp->dtype, .device = lp->device,
-                      .stream = lp->stream};
-    awq_config cfg = {.kernel = lp->device >= 0 ? AWQ_KERNEL_V4 : AWQ_KERNEL_CPU};
+    awq_config cfg;
+    awq_problem dq = weight_problem(lp, wv.data, &cfg);
     awq_status s;
     int detail = 0;
     float dq_us = 0.0f;

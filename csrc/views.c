@@ -109,6 +109,22 @@ void awq_view_release(awq_view *v)
     Py_CLEAR(v->ref);
 }
 
+PyObject *awq_call_end(awq_view *views, const int *have, int n, awq_view *result_view,
+                       PyObject **result, int keep)
+{
+    if (result_view != NULL)
+        awq_view_release(result_view);
+    for (int i = 0; i < n; i++)
+        if (have[i])
+            awq_view_release(&views[i]);
+    PyObject *r = *result;
+    *result = NULL;
+    if (keep)
+        return r;
+    Py_XDECREF(r);
+    return NULL;
+}
+
 /* ---- geometry ---- */
 
 /* Shape, strides (elements, NULL = C order) -> the view's geometry. */

@@ -78,6 +78,12 @@ int awq_view_from_object(awq_state *st, PyObject *obj, const char *name, awq_ndi
 
 void awq_view_release(awq_view *v);
 
+/* Ends a call: releases views[i] where have[i] is set, and result_view
+ * (the view of a result the call allocated; NULL when none), then returns
+ * *result (moved out) when keep is set, else drops it and returns NULL. */
+PyObject *awq_call_end(awq_view *views, const int *have, int n, awq_view *result_view,
+                       PyObject **result, int keep);
+
 /* Elements of a view (the product of its shape). */
 int64_t awq_view_numel(const awq_view *v);
 
