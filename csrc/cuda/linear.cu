@@ -132,8 +132,8 @@ template <int ROWS> constexpr int kMmaStages = ROWS >= 4 ? 2 : 4;
 /* Blocks of 256 threads an SM must be able to hold (__launch_bounds__):
  * with one m16 tile, 2, i.e. at most 128 registers a thread -- the 16 warps
  * per SM whose loads keep ~32 KB in flight; larger tiles take what their
- * accumulators need. */
-template <int ROWS> constexpr int kMmaMinBlocks = ROWS == 1 ? 2 : 1;
+ * accumulators need, and so does the K-tail variant (rare: G == K only). */
+template <int ROWS, bool KTAIL> constexpr int kMmaMinBlocks = ROWS == 1 && !KTAIL ? 2 : 1;
 
 struct MmaArgs {
     const char *x;           /* [M, K] */
@@ -171,6 +171,9 @@ struct MmaGroup {
     uint32_t s[mm::kTiles];
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+/* The pair magic of each dtype (linear_layout.cuh). */
 template <class T> struct MmaType;
 template <> struct MmaType<F16T> {
     static constexpr uint32_t kMagic = mm::kF16PairMagic;
@@ -178,8 +181,6 @@ template <> struct MmaType<F16T> {
 template <> struct MmaType<BF16T> {
     static constexpr uint32_t kMagic = mm::kBF16PairMagic;
 };
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
 /* Why: (x & mask) | bits in one LOP3 (the compiler emits two for constant operands). */
 template <uint32_t MASK, uint32_t BITS> __device__ __forceinline__ uint32_t and_or(uint32_t x)
@@ -298,15 +299,15 @@ __device__ __forceinline__ void mma_issue(MmaStage<ROWS> &st, MmaCursor &cur, co
     cur.xp += mm::kStepK * (int64_t)sizeof(uint16_t);
 }
 
-/* Why: the one step whose rows may pass K takes the checked variant. */
-template <int ROWS>
+/* Why: with KTAIL (K % 16 != 0) the one step whose rows pass K takes the checked variant. */
+template <int ROWS, bool KTAIL>
 __device__ __forceinline__ void mma_issue_step(MmaStage<ROWS> &st, MmaCursor &cur, const MmaArgs &a, int i,
                                                unsigned row_ok, int64_t x_tile_pitch)
 {
-    if (cur.k0 + mm::kStepK <= a.K)
-        mma_issue<ROWS, false>(st, cur, a, i, row_ok, x_tile_pitch);
-    else
+    if (KTAIL && cur.k0 + mm::kStepK > a.K)
         mma_issue<ROWS, true>(st, cur, a, i, row_ok, x_tile_pitch);
+    else
+        mma_issue<ROWS, false>(st, cur, a, i, row_ok, x_tile_pitch);
 }
 
 /* Why: one k16 step on the tensor cores: the 8 n8 tiles' B fragments,
@@ -383,15 +384,15 @@ __device__ __forceinline__ void mma_finish(const MmaArgs &a, int64_t row, int64_
 
 /* Why: the k16 steps [s_begin, s_end) of one warp into acc, through the
  * D-stage pipeline. */
-template <class T, int ROWS>
+template <class T, int ROWS, bool KTAIL>
 __device__ __forceinline__ void mma_mainloop(float (&acc)[ROWS][mm::kTiles][4], const MmaArgs &a, int s_begin,
                                              int s_end, int64_t m0, int64_t col, int g, int i, int tiles,
                                              unsigned row_ok)
 {
     constexpr int D = kMmaStages<ROWS>;
     const int64_t x_tile_pitch = (int64_t)8 * a.K * (int64_t)sizeof(uint16_t); /* 8 rows of x, in bytes */
-    int group = s_begin / a.spg;
-    int next_start = (group + 1) * a.spg; /* first step of the next group */
+    const int group = mm::group_of_step(s_begin, a.spg);
+    int next_start = mm::group_start(group + 1, a.spg); /* first step of the next group */
     const uint32_t *zp = a.qzeros + group * a.W + col;
     const char *sp = a.scales + (group * a.N + col * AWQ_COLS_PER_WORD) * (int64_t)sizeof(uint16_t);
     const int64_t sp_pitch = a.N * (int64_t)sizeof(uint16_t);
@@ -408,11 +409,10 @@ __device__ __forceinline__ void mma_mainloop(float (&acc)[ROWS][mm::kTiles][4], 
     MmaStage<ROWS> st[D];
 #pragma unroll
     for (int d = 0; d < D; ++d)
-        if (s_begin + d < s_end) mma_issue_step<ROWS>(st[d], cur, a, i, row_ok, x_tile_pitch);
+        if (s_begin + d < s_end) mma_issue_step<ROWS, KTAIL>(st[d], cur, a, i, row_ok, x_tile_pitch);
 
     MmaGroup gs;
     mma_decode_group<T>(gs, zraw, sraw);
-    const bool ktail = a.K % mm::kStepK != 0;
     for (int s0 = s_begin; s0 < s_end; s0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
@@ -425,19 +425,20 @@ __device__ __forceinline__ void mma_mainloop(float (&acc)[ROWS][mm::kTiles][4], 
                 sp += sp_pitch;
                 if (next_start < s_end) mma_load_group(znext, snext, zp + a.W, sp + sp_pitch);
             }
-            if (ktail && s == a.nsteps - 1)
+            if (KTAIL && s == a.nsteps - 1)
                 mma_compute<T, ROWS, true>(acc, st[d], gs, tiles, s * mm::kStepK, a.K, i);
             else
                 mma_compute<T, ROWS, false>(acc, st[d], gs, tiles, s * mm::kStepK, a.K, i);
-            if (s + D < s_end) mma_issue_step<ROWS>(st[d], cur, a, i, row_ok, x_tile_pitch);
+            if (s + D < s_end) mma_issue_step<ROWS, KTAIL>(st[d], cur, a, i, row_ok, x_tile_pitch);
         }
     }
 }
 
 #endif /* __CUDA_ARCH__ >= 800 */
 
-template <class T, int ROWS>
-__global__ void __launch_bounds__(kMmaMaxThreads, kMmaMinBlocks<ROWS>) awq_mma_kernel(const MmaArgs a)
+/* KTAIL: K % 16 != 0 (G == K), the last k16 step passes K. */
+template <class T, int ROWS, bool KTAIL>
+__global__ void __launch_bounds__(kMmaMaxThreads, kMmaMinBlocks<ROWS, KTAIL>) awq_mma_kernel(const MmaArgs a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ float4 mma_shared[];
@@ -478,7 +479,7 @@ __global__ void __launch_bounds__(kMmaMaxThreads, kMmaMinBlocks<ROWS>) awq_mma_k
             for (int j = 0; j < mm::kTiles; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.0f;
-        if (s_begin < s_end) mma_mainloop<T, ROWS>(acc, a, s_begin, s_end, m0, colc, g, i, tiles, row_ok);
+        if (s_begin < s_end) mma_mainloop<T, ROWS, KTAIL>(acc, a, s_begin, s_end, m0, colc, g, i, tiles, row_ok);
 
         if (S == 1 && a.split == 1) {
             /* one slice: straight from registers, 16 consecutive columns of two rows per lane */
@@ -680,7 +681,7 @@ __device__ __forceinline__ void simt_slice(const SimtArgs &a, int64_t c, int64_t
     }
 }
 
-template <class T, int ROWS> __global__ void __launch_bounds__(kSimtMaxBlock) awq_simt_kernel(const SimtArgs a)
+template <class T, int ROWS> __global__ void __launch_bounds__(kSimtMaxBlock, 1) awq_simt_kernel(const SimtArgs a)
 {
     extern __shared__ float4 simt_shared[];
     float *part = reinterpret_cast<float *>(simt_shared);
@@ -809,7 +810,7 @@ int kernel_arch(int device)
     cudaFuncAttributes attr;
     int v = -1;
     if (scope.enter(device) == cudaSuccess &&
-        clear_error(cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(awq_mma_kernel<F16T, 1>))) ==
+        clear_error(cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(awq_mma_kernel<F16T, 1, false>))) ==
             cudaSuccess)
         v = attr.ptxVersion;
     if (v > 0 && device >= 0 && device < AWQ_MAX_DEVICES) cache[device].store(v, std::memory_order_release);
@@ -817,7 +818,7 @@ int kernel_arch(int device)
 }
 
 struct Device {
-    int major = 0, minor = 0, sms = 132;
+    int major = 0, minor = 0, sms = 132, threads_per_sm = 2048; /* H100/H200 if unknown */
     int arch = -1; /* kernel_arch */
     int64_t smem_optin = kDefaultSmemLimit;
     bool tensor_cores() const { return major >= 8 && arch >= 80; } /* mma.sync bf16 */
@@ -833,6 +834,7 @@ cudaError_t device_of(int dev, Device *d)
     d->major = info.major;
     d->minor = info.minor;
     d->sms = info.sms > 0 ? info.sms : d->sms;
+    d->threads_per_sm = info.threads_per_sm > 0 ? info.threads_per_sm : d->threads_per_sm;
     d->smem_optin = info.smem_per_block_optin > 0 ? info.smem_per_block_optin : d->smem_optin;
     if (d->major >= 8) d->arch = kernel_arch(dev);
     return cudaSuccess;
@@ -904,8 +906,8 @@ bool mma_config_ok(const awq_linear_problem *p, const awq_config *c, const Devic
     return mma_colblocks(p) * c->split <= 2147483647;
 }
 
-template <class T, int ROWS> cudaError_t mma_launch_rows(const awq_linear_problem *p, const awq_config *c,
-                                                         const Device &d, cudaStream_t stream)
+template <class T, int ROWS, bool KTAIL>
+cudaError_t mma_launch_rows(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     MmaArgs a;
     a.x = static_cast<const char *>(p->x);
@@ -928,21 +930,28 @@ template <class T, int ROWS> cudaError_t mma_launch_rows(const awq_linear_proble
     s.grid = dim3((unsigned)(mma_colblocks(p) * c->split), (unsigned)std::min<int64_t>(a.mtiles, kMaxGridY), 1);
     s.block = dim3((unsigned)c->block_size, 1, 1);
     s.smem = (unsigned)mma_smem(p, warps, ROWS, c->split);
-    constexpr auto kernel = awq_mma_kernel<T, ROWS>;
+    constexpr auto kernel = awq_mma_kernel<T, ROWS, KTAIL>;
     const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
     if (e != cudaSuccess) return e;
     if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
     return launch<kernel>(s, stream, a);
 }
 
+template <class T, bool KTAIL>
+cudaError_t mma_launch_tail(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    switch (c->rows) {
+    case 1: return mma_launch_rows<T, 1, KTAIL>(p, c, d, stream);
+    case 2: return mma_launch_rows<T, 2, KTAIL>(p, c, d, stream);
+    default: return mma_launch_rows<T, 4, KTAIL>(p, c, d, stream);
+    }
+}
+
 template <class T>
 cudaError_t mma_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    switch (c->rows) {
-    case 1: return mma_launch_rows<T, 1>(p, c, d, stream);
-    case 2: return mma_launch_rows<T, 2>(p, c, d, stream);
-    default: return mma_launch_rows<T, 4>(p, c, d, stream);
-    }
+    return p->K % mm::kStepK != 0 ? mma_launch_tail<T, true>(p, c, d, stream)
+                                  : mma_launch_tail<T, false>(p, c, d, stream);
 }
 
 cudaError_t mma_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
@@ -1062,7 +1071,6 @@ cudaError_t simt_launch(const awq_linear_problem *p, const awq_config *c, const 
 constexpr int kSimtBlock = 256;
 constexpr int kSimtMaxSplit = 8;
 constexpr int64_t kSimtMinSliceRows = 64;
-constexpr int kSimtThreadsPerSM = 2048; /* sm_80..sm_90; fewer elsewhere only means more slices */
 
 awq_config simt_default(const awq_linear_problem *p, const Device &d)
 {
@@ -1072,7 +1080,7 @@ awq_config simt_default(const awq_linear_problem *p, const Device &d)
     c.block_size = kSimtBlock;
     c.rows = p->M >= 3 ? 4 : p->M == 2 ? 2 : 1;
     const int64_t threads = (p->N / AWQ_COLS_PER_WORD) * ceil_div(std::max<int64_t>(p->M, 1), c.rows);
-    const int64_t target = (int64_t)d.sms * kSimtThreadsPerSM;
+    const int64_t target = (int64_t)d.sms * d.threads_per_sm;
     int split = 1;
     while (split < kSimtMaxSplit && threads * split * 2 <= target && p->K / (split * 2) >= kSimtMinSliceRows)
         split *= 2;

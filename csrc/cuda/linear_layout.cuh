@@ -157,6 +157,12 @@ AWQ_HD int acc_col(int i, int e, int j) { return AWQ_COLS_PER_WORD * acc_word(i,
  * 16-byte phase hit 8 different groups of 4 banks, writing and reading. */
 AWQ_HD int part_chunk(int row, int c) { return c ^ (c >> 3) ^ ((row & 1) << 1); }
 
+/* ---- groups along K ------------------------------------------------------------
+ * With spg k16 steps per group (G / 16; all steps when the one group is K),
+ * step s lies in group s / spg, which starts at step group_start(s / spg). */
+AWQ_HD int group_of_step(int s, int spg) { return s / spg; }
+AWQ_HD int group_start(int group, int spg) { return group * spg; }
+
 /* ---- split-K ----------------------------------------------------------------
  * Slice s of `parts` covers steps [slice_begin(n, parts, s), slice_begin(n, parts, s + 1)):
  * contiguous, in order, sizes differing by at most one. */
