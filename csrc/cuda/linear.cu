@@ -1127,6 +1127,18 @@ cudaError_t launch_linear(const awq_linear_problem *p, const awq_config *c, cons
     return c->kernel == AWQ_KERNEL_MMA ? mma_launch(p, c, d, stream) : simt_launch(p, c, d, stream);
 }
 
+/* A launch the device refuses for this configuration -- threads, registers,
+ * shared memory, a cluster that cannot be co-scheduled -- enqueues nothing
+ * and leaves the context usable: it is a configuration that does not apply
+ * (the tuner skips it), not a CUDA failure. */
+awq_status linear_status(cudaError_t e)
+{
+    const int kInvalidClusterSize = 912; /* cudaErrorInvalidClusterSize (CUDA 12) */
+    if (e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources || (int)e == kInvalidClusterSize)
+        return AWQ_ERR_CONFIG;
+    return status_of(e);
+}
+
 /* Validation shared by linear and time: the problem, the device's facts and the resolved configuration. */
 awq_status prepare(const awq_linear_problem *p, const awq_config *in, Device *d, awq_config *c, int *detail)
 {
@@ -1153,7 +1165,7 @@ awq_status awq_cuda_linear(const awq_linear_problem *p, const awq_config *c, int
     cudaError_t e = scope.enter(p->device);
     if (e == cudaSuccess) e = clear_error(launch_linear(p, &rc, d, static_cast<cudaStream_t>(p->stream)));
     set_detail(detail, (int)e);
-    return status_of(e);
+    return linear_status(e);
 }
 
 awq_status awq_cuda_linear_default(const awq_linear_problem *p, awq_config *c, int *detail)
@@ -1257,7 +1269,7 @@ awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c
     for (int i = 0; i < iters && e == cudaSuccess; ++i)
         e = clear_error(cudaEventElapsedTime(&t[i], ev[i].start, ev[i].stop));
     set_detail(detail, (int)e);
-    if (e != cudaSuccess) return status_of(e);
+    if (e != cudaSuccess) return linear_status(e);
     std::sort(t, t + iters);
     if (ms) *ms = iters % 2 ? t[iters / 2] : 0.5f * (t[iters / 2 - 1] + t[iters / 2]);
     return AWQ_OK;
