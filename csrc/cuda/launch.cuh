@@ -173,6 +173,38 @@ template <auto Kernel, class... Args> cudaError_t launch(const LaunchShape &s, c
         cudaLaunchKernel(reinterpret_cast<const void *>(Kernel), s.grid, s.block, params, s.smem, stream));
 }
 
+/* Launches Kernel as clusters of `cluster_x` consecutive blocks along x
+ * (sm_90+: a cluster's blocks run at the same time and may read each
+ * other's shared memory; grid.x must be a multiple of cluster_x).  It goes
+ * through the runtime's cudaLaunchKernelExC, the one launch call that takes
+ * a cluster dimension; kernels without clusters keep `launch`.  Returns the
+ * launch error, leaving no stale runtime error. */
+template <auto Kernel, class... Args>
+cudaError_t launch_cluster(const LaunchShape &s, unsigned cluster_x, cudaStream_t stream, Args... args)
+{
+    static_assert(std::is_same<decltype(Kernel), void (*)(Args...)>::value,
+                  "the arguments are the kernel's parameters, type for type");
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 11080
+    void *params[] = {static_cast<void *>(&args)..., nullptr};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = s.grid;
+    config.blockDim = s.block;
+    config.dynamicSmemBytes = s.smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    return clear_error(cudaLaunchKernelExC(&config, reinterpret_cast<const void *>(Kernel), params));
+#else
+    (void)s, (void)cluster_x, (void)stream;
+    return cudaErrorNotSupported; /* clusters need CUDA 11.8 */
+#endif
+}
+
 /* A 1-D launch without dynamic shared memory. */
 template <auto Kernel, class... Args>
 cudaError_t launch(unsigned grid, unsigned block, cudaStream_t stream, Args... args)

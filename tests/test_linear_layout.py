@@ -1,0 +1,91 @@
+"""The tensor-core linear's fragment mapping, checked on the host (no GPU).
+
+tests/cuda_host/test_mma_layout.cpp runs the warps of the MMA kernel lane by
+lane with the kernel's own index and bit functions (csrc/cuda/linear_layout.cuh)
+and feeds the fragments to an emulation of mma.m16n8k16 written from the PTX
+ISA; every value is exact in double, so y must equal x @ W (+ bias) exactly.
+These tests build it with the host's C++ compiler and run it, and check that
+it does catch a wrong mapping."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+LAYOUT = os.path.join(CSRC, "cuda", "linear_layout.cuh")
+PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_mma_layout.cpp")
+
+
+def _compiler():
+    """A C++17 compiler: $CXX, c++, g++, clang++, else nvcc as a host compiler."""
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        path = shutil.which(name) if name else None
+        if path:
+            return [path]
+    nvcc = shutil.which("nvcc")
+    return [nvcc, "-x", "c++"] if nvcc else None
+
+
+def _build(include_dir, out):
+    cxx = _compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    proc = subprocess.run([*cxx, "-std=c++17", "-O1", "-I", include_dir, PROGRAM, "-o", out],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _run(binary):
+    return subprocess.run([binary], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def emulation(tmp_path_factory):
+    if not (os.path.exists(PROGRAM) and os.path.exists(LAYOUT)):
+        pytest.skip("needs the source tree")
+    binary = _build(CSRC, str(tmp_path_factory.mktemp("mma_layout") / "test_mma_layout"))
+    return _run(binary)
+
+
+def test_mma_fragments_give_x_at_w_exactly(emulation):
+    assert emulation.returncode == 0, emulation.stdout + emulation.stderr
+    cases = re.findall(r"mismatches (\d+), unwritten (\d+), out-of-bounds (\d+)", emulation.stdout)
+    assert len(cases) >= 10, emulation.stdout
+    assert all(case == ("0", "0", "0") for case in cases), emulation.stdout
+    # every case compared some B elements with W at the permuted rows
+    checked = [int(n) for n in re.findall(r"(\d+) B elements checked", emulation.stdout)]
+    assert checked and min(checked) > 0
+    assert "OK: 0 failed checks" in emulation.stdout
+
+
+def test_partial_tiles_and_slices_hold_their_invariants(emulation):
+    assert "partial-tile swizzle: bijective, conflict-free\n" in emulation.stdout
+    assert "split-K slices: contiguous, complete\n" in emulation.stdout
+
+
+@pytest.mark.parametrize("old, new", [
+    # rows 4i+1 and 4i swapped: not the permutation A uses
+    ("return 4 * i + r;", "return 4 * i + (r ^ 1);"),
+    # the nibbles of tile j read from the wrong half of the permuted words
+    ("return ((p < 4 ? low : high) >> (4 * (p & 3))) & kNibblePairMask;",
+     "return ((p < 4 ? high : low) >> (4 * (p & 3))) & kNibblePairMask;"),
+    # accumulators 1 and 2 swapped on the way out
+    ("return 2 * i + (e & 1); }", "return 2 * i + (e >> 1); }"),
+])
+def test_emulation_catches_a_wrong_mapping(tmp_path, old, new):
+    if not (os.path.exists(PROGRAM) and os.path.exists(LAYOUT)):
+        pytest.skip("needs the source tree")
+    (tmp_path / "cuda").mkdir()
+    shutil.copy(os.path.join(CSRC, "awq.h"), tmp_path / "awq.h")
+    with open(LAYOUT, encoding="utf-8") as f:
+        text = f.read()
+    assert text.count(old) == 1
+    (tmp_path / "cuda" / "linear_layout.cuh").write_text(text.replace(old, new), encoding="utf-8")
+    proc = _run(_build(str(tmp_path), str(tmp_path / "mutant")))
+    assert proc.returncode != 0
+    assert "FAILED" in proc.stdout
