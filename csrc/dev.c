@@ -8,6 +8,11 @@
  *       dequantize with v4's rows per thread chosen (not a public knob)
  *   empty_launch(device, stream)   an empty kernel, launched the way
  *       dequantize launches: the benchmark's host-overhead floor
+ *   linear_config(x, qweight, qzeros, scales, bias, out, config)
+ *       linear with one given configuration (a dict like the cache's
+ *       entries: kernel, block_size, rows, split, threads, chunk)
+ *   linear_candidates(x, qweight, qzeros, scales)
+ *       the configurations the tuner would time for that call, as dicts
  *   launch_path()                  "driver", "runtime" or "none"
  *   cache_reload()                 forget the autotune table; re-read the file
  *   table_test(ops)                operations on a fresh C hash table
@@ -19,7 +24,9 @@
 #include "args.h"
 #include "cache.h"
 #include "cuda/cuda.h"
+#include "cpu/cpu.h"
 #include "dequantize.h"
+#include "linear.h"
 #include "run.h"
 
 static PyObject *dev_launch_config(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -52,6 +59,95 @@ static PyObject *dev_launch_config(PyObject *module, PyObject *const *args, Py_s
         ok = awq_run_dequantize(&job.p, &job.cfg) == 0;
     }
     return awq_dequantize_job_release(&job, ok);
+}
+
+/* slots for a linear call of the development entries (no stream, path auto) */
+static void linear_slots(PyObject *const *args, int with_outputs, PyObject **slots)
+{
+    for (int i = 0; i < AWQ_KW_COUNT; i++)
+        slots[i] = Py_None;
+    slots[AWQ_KW_X] = args[0];
+    slots[AWQ_KW_QWEIGHT] = args[1];
+    slots[AWQ_KW_QZEROS] = args[2];
+    slots[AWQ_KW_SCALES] = args[3];
+    if (with_outputs) {
+        slots[AWQ_KW_BIAS] = args[4];
+        slots[AWQ_KW_OUT] = args[5];
+    }
+}
+
+/* One integer field of a configuration dict (0 when absent). */
+static int config_field(PyObject *d, const char *key, long long *v)
+{
+    *v = 0;
+    PyObject *o = PyDict_GetItemString(d, key); /* borrowed */
+    return o == NULL ? 0 : awq_parse_int(o, key, v);
+}
+
+static PyObject *dev_linear_config(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "linear_config(x, qweight, qzeros, scales, bias, out, config: dict)");
+        return NULL;
+    }
+    PyObject *name = PyDict_GetItemString(args[6], "kernel");
+    const char *s = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    awq_kernel kernel;
+    if (s == NULL || awq_kernel_parse(s, &kernel) < 0 ||
+        !(kernel == AWQ_KERNEL_CPU || kernel >= AWQ_KERNEL_SIMT)) {
+        PyErr_SetString(PyExc_ValueError, "config['kernel'] must be 'cpu', 'simt', 'mma' or 'dequant'");
+        return NULL;
+    }
+    awq_config cfg = {.kernel = (int)kernel};
+    long long bs, rows, split, threads, chunk;
+    if (config_field(args[6], "block_size", &bs) < 0 || config_field(args[6], "rows", &rows) < 0 ||
+        config_field(args[6], "split", &split) < 0 || config_field(args[6], "threads", &threads) < 0 ||
+        config_field(args[6], "chunk", &chunk) < 0)
+        return NULL;
+    cfg.block_size = (int)bs;
+    cfg.rows = (int)rows;
+    cfg.split = (int)split;
+    cfg.threads = (int)threads;
+    cfg.chunk = chunk;
+    PyObject *slots[AWQ_KW_COUNT];
+    linear_slots(args, 1, slots);
+    awq_linear_job job;
+    int ok = awq_linear_job_prepare(module, slots, &job) == 0;
+    if (ok && job.p.M > 0 && job.p.N > 0)
+        ok = (kernel == AWQ_KERNEL_DEQUANT ? awq_linear_run_dequant_path(&job)
+                                           : awq_run_linear(&job.p, &cfg)) == 0;
+    return awq_linear_job_release(&job, ok);
+}
+
+static PyObject *dev_linear_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "linear_candidates(x, qweight, qzeros, scales)");
+        return NULL;
+    }
+    PyObject *slots[AWQ_KW_COUNT];
+    linear_slots(args, 0, slots);
+    awq_linear_job job;
+    PyObject *list = NULL;
+    if (awq_linear_job_prepare(module, slots, &job) == 0) {
+        awq_config cands[64];
+        int n = job.p.device >= 0 ? awq_cuda_linear_candidates(&job.p, cands, 64)
+                                  : awq_cpu_linear_candidates(&job.p, cands, 64);
+        list = PyList_New(0);
+        for (int i = 0; list != NULL && i < n; i++) {
+            const awq_config *c = &cands[i];
+            PyObject *e = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:L}", "kernel",
+                                        awq_kernel_name(c->kernel), "block_size", c->block_size,
+                                        "rows", c->rows, "split", c->split, "threads", c->threads,
+                                        "chunk", (long long)c->chunk);
+            if (e == NULL || PyList_Append(list, e) < 0)
+                Py_CLEAR(list);
+            Py_XDECREF(e);
+        }
+    }
+    awq_linear_job_release(&job, 0);
+    return list;
 }
 
 static PyObject *dev_empty_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -159,6 +255,11 @@ static PyMethodDef dev_methods[] = {
      "out with v4's rows per thread chosen."},
     {"empty_launch", (PyCFunction)(void (*)(void))dev_empty_launch, METH_FASTCALL,
      "empty_launch(device, stream): an empty kernel launched the way dequantize launches."},
+    {"linear_config", (PyCFunction)(void (*)(void))dev_linear_config, METH_FASTCALL,
+     "linear_config(x, qweight, qzeros, scales, bias, out, config): linear with one given "
+     "configuration (kernel, block_size, rows, split, threads, chunk)."},
+    {"linear_candidates", (PyCFunction)(void (*)(void))dev_linear_candidates, METH_FASTCALL,
+     "linear_candidates(x, qweight, qzeros, scales): the configurations the tuner times."},
     {"launch_path", dev_launch_path, METH_NOARGS,
      "launch_path(): how kernels are launched: 'driver' (cuLaunchKernel), 'runtime' "
      "(cudaLaunchKernel) or 'none' (CPU-only build)."},

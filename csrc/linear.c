@@ -23,20 +23,7 @@ static const int kLinearKws[] = {AWQ_KW_X,      AWQ_KW_QWEIGHT, AWQ_KW_QZEROS,
                                  AWQ_KW_OUT,    AWQ_KW_STREAM,  AWQ_KW_PATH};
 static const awq_signature kLinear = {"linear", kLinearKws, 9, 5, 4};
 
-/* One prepared call. */
-typedef struct {
-    PyObject *module;
-    awq_linear_call call;
-    awq_linear_problem p;
-    awq_path path;
-    awq_view_opts opts;
-    PyObject *x, *bias; /* borrowed: the caller's objects (bias may be Py_None) */
-    PyObject *result;   /* y: the caller's out or a new array (owned) */
-    awq_view yv;
-    int have_yv;
-} linear_job;
-
-static int prepare(PyObject *module, PyObject *const *slots, linear_job *job)
+int awq_linear_job_prepare(PyObject *module, PyObject *const *slots, awq_linear_job *job)
 {
     awq_state *st = awq_get_state(module);
     awq_linear_call *c = &job->call;
@@ -86,7 +73,7 @@ static int prepare(PyObject *module, PyObject *const *slots, linear_job *job)
     return 0;
 }
 
-static PyObject *release(linear_job *job, int keep)
+PyObject *awq_linear_job_release(awq_linear_job *job, int keep)
 {
     return awq_call_end(job->call.v, job->call.have, AWQ_LIN_NUM_ARGS,
                         job->have_yv ? &job->yv : NULL, &job->result, keep);
@@ -117,7 +104,7 @@ static awq_problem weight_problem(const awq_linear_problem *lp, void *out, awq_c
  * array of x's framework on the call's stream; a new reference or NULL.
  * With run == 0 the array is only allocated; *wv (when given) keeps its
  * view for the caller to release. */
-static PyObject *dense_weight(const linear_job *job, int run, awq_view *wv_out)
+static PyObject *dense_weight(const awq_linear_job *job, int run, awq_view *wv_out)
 {
     awq_state *st = awq_get_state(job->module);
     const awq_linear_problem *lp = &job->p;
@@ -140,7 +127,7 @@ static PyObject *dense_weight(const linear_job *job, int run, awq_view *wv_out)
 
 /* The stream argument of the matmul hook: the caller's, or None for the
  * framework's current one. */
-static PyObject *hook_stream(const linear_job *job)
+static PyObject *hook_stream(const awq_linear_job *job)
 {
     if (job->p.device >= 0 && job->opts.have_stream)
         return PyLong_FromSsize_t((Py_ssize_t)job->opts.handle);
@@ -148,7 +135,7 @@ static PyObject *hook_stream(const linear_job *job)
 }
 
 /* Calls hook(x, w, bias, y, stream); returns its result or NULL. */
-static PyObject *call_hook(const linear_job *job, PyObject *hook, PyObject *w)
+static PyObject *call_hook(const awq_linear_job *job, PyObject *hook, PyObject *w)
 {
     if (hook == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "awq_fast_dequant: no matmul hook registered");
@@ -163,7 +150,7 @@ static PyObject *call_hook(const linear_job *job, PyObject *hook, PyObject *w)
     return r;
 }
 
-static int run_dequant_path(const linear_job *job)
+int awq_linear_run_dequant_path(const awq_linear_job *job)
 {
     awq_state *st = awq_get_state(job->module);
     PyObject *w = dense_weight(job, 1, NULL);
@@ -181,7 +168,7 @@ static int run_dequant_path(const linear_job *job)
  * clock: CUDA events or the host clock) plus the matmul hook's. */
 static int time_dequant_path(void *ctx, float *us)
 {
-    const linear_job *job = ctx;
+    const awq_linear_job *job = ctx;
     awq_state *st = awq_get_state(job->module);
     const awq_linear_problem *lp = &job->p;
     awq_view wv;
@@ -224,18 +211,18 @@ PyObject *awq_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t narg
                         PyObject *kwnames)
 {
     PyObject *slots[AWQ_KW_COUNT];
-    linear_job job;
+    awq_linear_job job;
     if (awq_parse_call(awq_get_state(module), &kLinear, args, nargs, kwnames, slots) < 0)
         return NULL;
-    int ok = prepare(module, slots, &job) == 0;
+    int ok = awq_linear_job_prepare(module, slots, &job) == 0;
     if (ok && job.p.M > 0 && job.p.N > 0) {
         awq_config cfg;
         /* K = 0 (an empty sum: y = bias) is the framework's to compute. */
         ok = awq_cache_linear(module, &job.p, job.p.K == 0 ? AWQ_PATH_DEQUANT : job.path,
                               time_dequant_path, &job, &cfg) == 0;
         if (ok)
-            ok = (cfg.kernel == AWQ_KERNEL_DEQUANT ? run_dequant_path(&job)
+            ok = (cfg.kernel == AWQ_KERNEL_DEQUANT ? awq_linear_run_dequant_path(&job)
                                                    : awq_run_linear(&job.p, &cfg)) == 0;
     }
-    return release(&job, ok);
+    return awq_linear_job_release(&job, ok);
 }

@@ -90,6 +90,22 @@ def test_nan_and_inf_scales_propagate_as_in_the_reference(rng, dtype):
         assert_linear_close(y, x, qw, qz, sc, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_identity_rows_give_w_exactly(rng, dtype):
+    """x = the identity: y = W, the values dequantize writes (subnormal and
+    large scales included), on every path."""
+    K, N, G = 64, 48, 32
+    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
+    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 60000.0, -1e-3, 1e3, 2.0**-130]
+    nd = np_dtype(dtype)
+    sc = sc.astype(nd)
+    want = as_float64(awq.dequantize(qw, qz, sc))
+    x = np.eye(K, dtype=np.float32).astype(nd)
+    for path in PATHS:
+        got = as_float64(awq.linear(x, qw, qz, sc, path=path))
+        np.testing.assert_array_equal(got, want)
+
+
 def test_group_size_argument(rng):
     x, qw, qz, sc, b = linear_problem(rng, 3, 96, 32, 96, "float32")
     for g in (None, 96, -1, np.int64(96)):
@@ -272,6 +288,44 @@ def test_cuda_fused_within_tolerance(rng, dtype, K, N, G):
         y = awq.linear(tx, tqw, tqz, tsc, tb, path="fused")
         assert y.is_cuda and y.dtype == tx.dtype and y.shape == (M, N)
         assert_linear_close(y, tx, tqw, tqz, tsc, tb)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_identity_rows_give_w_exactly(rng, dtype):
+    torch = pytest.importorskip("torch")
+    K, N, G = 128, 200, 32
+    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
+    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 60000.0, -1e-3, 1e3, 2.0**-130]
+    td = getattr(torch, dtype)
+    tqw, tqz = torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda()
+    tsc = torch.from_numpy(sc).to("cuda", td)
+    want = awq.dequantize(tqw, tqz, tsc).float()
+    x = torch.eye(K, device="cuda", dtype=td)
+    for cfg in _C._dev.linear_candidates(x, tqw, tqz, tsc) + [{"kernel": "dequant"}]:
+        out = torch.full((K, N), float("nan"), device="cuda", dtype=td)
+        _C._dev.linear_config(x, tqw, tqz, tsc, None, out, cfg)
+        assert torch.equal(out.float(), want), cfg
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_every_candidate_within_tolerance(rng, dtype):
+    """Each configuration the tuner may pick, not only the default."""
+    torch = pytest.importorskip("torch")
+    for M, (K, N, G) in [(1, (1536, 1536, 128)), (5, (512, 200, 128)), (17, (200, 72, 200)),
+                         (64, (1024, 520, 64)), (130, (256, 136, 32))]:
+        tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
+                                    dtype)
+        cands = _C._dev.linear_candidates(tx, tqw, tqz, tsc)
+        assert cands and cands[0]["kernel"] in ("mma", "simt")
+        for cfg in cands:
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=tx.dtype)
+            _C._dev.linear_config(tx, tqw, tqz, tsc, tb, out, cfg)
+            assert_linear_close(out, tx, tqw, tqz, tsc, tb)
+            again = torch.full_like(out, float("nan"))
+            _C._dev.linear_config(tx, tqw, tqz, tsc, tb, again, cfg)
+            assert torch.equal(again, out), cfg  # deterministic per configuration
 
 
 @cuda
