@@ -96,7 +96,7 @@ def test_identity_rows_give_w_exactly(rng, dtype):
     large scales included), on every path."""
     K, N, G = 64, 48, 32
     qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
-    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 60000.0, -1e-3, 1e3, 2.0**-130]
+    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3, 1e3, 2.0**-130]
     nd = np_dtype(dtype)
     sc = sc.astype(nd)
     want = as_float64(awq.dequantize(qw, qz, sc))
@@ -296,7 +296,7 @@ def test_cuda_identity_rows_give_w_exactly(rng, dtype):
     torch = pytest.importorskip("torch")
     K, N, G = 128, 200, 32
     qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
-    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 60000.0, -1e-3, 1e3, 2.0**-130]
+    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3, 1e3, 2.0**-130]
     td = getattr(torch, dtype)
     tqw, tqz = torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda()
     tsc = torch.from_numpy(sc).to("cuda", td)
