@@ -1,0 +1,21 @@
+"""PyTorch integration of awq_fast_dequant (imported only on request; the core package needs no torch).
+
+Importing it registers three torch.library ops, which torch.compile traces
+without a graph break and CUDA graphs capture::
+
+    torch.ops.awq_fast_dequant.dequantize(qweight, qzeros, scales, group_size=None, out_dtype=None)
+    torch.ops.awq_fast_dequant.dequantize_out(qweight, qzeros, scales, out, group_size=None)
+    torch.ops.awq_fast_dequant.linear(x, qweight, qzeros, scales, bias=None, group_size=None)
+
+and provides:
+
+- AWQLinear: an nn.Module with the buffers of AutoAWQ's WQLinear_GEMM
+  (qweight, qzeros, scales, bias), whose forward is awq_fast_dequant.linear;
+- quantize_model(model, group_size=128, skip=("lm_head",)): every fitting
+  nn.Linear of a model replaced by an AWQLinear, in place.
+"""
+
+from ._ops import dequantize, dequantize_out, linear
+from ._module import AWQLinear, quantize_model
+
+__all__ = ["AWQLinear", "quantize_model", "dequantize", "dequantize_out", "linear"]

@@ -1,0 +1,314 @@
+"""AWQLinear, the AWQ layer as an nn.Module, and quantize_model, which puts it in a model."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+
+import torch
+from torch import nn
+
+import awq_fast_dequant as _afd
+
+from . import _ops
+
+__all__ = ["AWQLinear", "quantize_model"]
+
+logger = logging.getLogger("awq_fast_dequant")
+
+_SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# C, not Python: the eager forward pays no frame between the module and the launch.
+_linear = _afd.linear
+_dequantize = _afd.dequantize
+
+
+def _positive(value, name: str) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer; got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be positive; got {n}")
+    return n
+
+
+def _resolve_group_size(group_size, in_features: int) -> int:
+    """G for a layer of in_features rows; -1 (or None) means one group per layer."""
+    if group_size is None or group_size == -1:
+        return in_features
+    G = _positive(group_size, "group_size")
+    if in_features % G:
+        raise ValueError(
+            f"in_features must be a multiple of group_size; got in_features={in_features}, "
+            f"group_size={G}")
+    return G
+
+
+def _scale_dtype(dtype, name: str = "dtype") -> torch.dtype:
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype not in _SCALE_DTYPES:
+        raise TypeError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32; "
+                        f"got {dtype!r}")
+    return dtype
+
+
+class AWQLinear(nn.Module):
+    """A linear layer whose weight is stored in the AWQ 4-bit "GEMM" layout.
+
+    ``y = x @ W + bias`` with ``W = dequantize(qweight, qzeros, scales)`` of shape
+    [in_features, out_features]; the matching nn.Linear weight is ``W.T``.
+
+    Buffers (the names, shapes and dtypes of AutoAWQ's WQLinear_GEMM and of
+    Hugging Face AWQ checkpoints, so ``load_state_dict`` takes a checkpoint's
+    tensors as they are)::
+
+        qweight  int32 [in_features, out_features / 8]
+        qzeros   int32 [in_features / G, out_features / 8]
+        scales   dtype [in_features / G, out_features]
+        bias     dtype [out_features], or None
+
+    ``group_size`` -1 means one group per layer (G = in_features). dtype is
+    float16 (default), bfloat16 or float32 (float32: the CPU); x must have it.
+
+    In eager mode forward calls the C extension directly; under torch.compile
+    it calls the registered op ``torch.ops.awq_fast_dequant.linear``, which
+    torch.compile traces without a graph break. Gradients flow to x (and to
+    scales and bias if they are made to require grad); the packed weights are
+    constants.
+    """
+
+    def __init__(self, in_features: int, out_features: int, group_size: int = 128,
+                 bias: bool = True, *, dtype=torch.float16, device=None):
+        super().__init__()
+        self.in_features = _positive(in_features, "in_features")
+        self.out_features = _positive(out_features, "out_features")
+        if self.out_features % 8:
+            raise ValueError(
+                f"out_features must be a multiple of 8 (eight 4-bit values per int32 word); "
+                f"got {self.out_features}")
+        self.group_size = _resolve_group_size(group_size, self.in_features)
+        dtype = _scale_dtype(dtype)
+        K, N, groups = self.in_features, self.out_features, self.in_features // self.group_size
+        self.register_buffer("qweight", torch.zeros((K, N // 8), dtype=torch.int32, device=device))
+        self.register_buffer("qzeros", torch.zeros((groups, N // 8), dtype=torch.int32,
+                                                   device=device))
+        self.register_buffer("scales", torch.zeros((groups, N), dtype=dtype, device=device))
+        self.register_buffer("bias", torch.zeros(N, dtype=dtype, device=device) if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self._buffers
+        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
+            return _ops.linear(x, b["qweight"], b["qzeros"], b["scales"], b["bias"],
+                               self.group_size)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        return _linear(x, b["qweight"], b["qzeros"], b["scales"], b["bias"],
+                       group_size=self.group_size)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> "AWQLinear":
+        """Quantize an nn.Linear (awq_fast_dequant.quantize: asymmetric min-max,
+        every weight within half a step of the original) into an AWQLinear on
+        the same device. scales and bias get the weight's dtype (float16 for a
+        float64 weight)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
+        weight = linear.weight
+        if weight.is_meta:
+            raise ValueError("linear has its weight on the meta device: there is nothing to "
+                             "quantize")
+        K, N = linear.in_features, linear.out_features
+        if N % 8:
+            raise ValueError(f"linear.out_features must be a multiple of 8; got {N}")
+        G = _resolve_group_size(group_size, K)
+        qweight, qzeros, scales = _afd.quantize(weight.detach().t(), group_size=G)
+        device = weight.device
+        bias = None
+        if linear.bias is not None:
+            bias = linear.bias.detach().to(device=device, dtype=scales.dtype, copy=True)
+        return cls.from_tensors(qweight.to(device), qzeros.to(device), scales.to(device), bias)
+
+    @classmethod
+    def from_tensors(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> "AWQLinear":
+        """An AWQLinear holding these tensors (not copies) as its buffers.
+        G is in_features / scales.shape[0]."""
+        for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales),
+                        ("bias", bias)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        for name, t in (("qweight", qweight), ("qzeros", qzeros)):
+            if t.dtype != torch.int32:
+                raise TypeError(f"{name} must be int32 (packed 4-bit words); got {t.dtype}")
+        _scale_dtype(scales.dtype, "scales.dtype")
+        for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+            if t.dim() != 2:
+                raise ValueError(f"{name} must be 2-D; got shape {list(t.shape)}")
+        K, words = qweight.shape
+        N, rows = 8 * words, scales.shape[0]
+        if K == 0 or words == 0:
+            raise ValueError(f"qweight must be non-empty; got shape {list(qweight.shape)}")
+        if rows == 0 or K % rows:
+            raise ValueError(
+                f"scales must have a number of rows dividing in_features={K} (rows of qweight); "
+                f"got scales of shape {list(scales.shape)}")
+        if tuple(scales.shape) != (rows, N):
+            raise ValueError(f"scales must have shape [K/G, N] = [{rows}, {N}] for qweight of "
+                             f"shape {list(qweight.shape)}; got {list(scales.shape)}")
+        if tuple(qzeros.shape) != (rows, words):
+            raise ValueError(f"qzeros must have shape [K/G, N/8] = [{rows}, {words}]; got "
+                             f"{list(qzeros.shape)}")
+        if bias is not None:
+            if tuple(bias.shape) != (N,):
+                raise ValueError(f"bias must have shape [{N}]; got {list(bias.shape)}")
+            if bias.dtype != scales.dtype:
+                raise TypeError(f"bias must have the dtype of scales ({scales.dtype}); "
+                                f"got {bias.dtype}")
+        devices = {t.device for t in (qweight, qzeros, scales, bias) if t is not None}
+        if len(devices) > 1:
+            raise ValueError(f"qweight, qzeros, scales and bias must be on one device; got "
+                             f"{', '.join(sorted(map(str, devices)))}")
+        layer = cls(K, N, K // rows, bias is not None, dtype=scales.dtype, device="meta")
+        layer.qweight, layer.qzeros, layer.scales = qweight, qzeros, scales
+        layer.bias = bias
+        return layer
+
+    def dequantized_weight(self, dtype=None) -> torch.Tensor:
+        """The dense weight as nn.Linear holds it: [out_features, in_features],
+        contiguous, of dtype (default: the scales' dtype)."""
+        if torch.compiler.is_compiling():
+            w = _ops.dequantize(self.qweight, self.qzeros, self.scales, self.group_size, dtype)
+        else:
+            w = _dequantize(self.qweight, self.qzeros, self.scales, group_size=self.group_size,
+                            out_dtype=dtype)
+        return w.t().contiguous()
+
+    def extra_repr(self) -> str:
+        K, N, G = self.in_features, self.out_features, self.group_size
+        return (f"in_features={K}, out_features={N}, group_size={G}, "
+                f"bias={self.bias is not None}, dtype={self.scales.dtype}, "
+                f"qweight=[{K}, {N // 8}], qzeros=[{K // G}, {N // 8}], scales=[{K // G}, {N}]")
+
+
+# --- quantize_model -----------------------------------------------------------
+
+def _skip_matcher(skip):
+    """A predicate on module names from `skip`: strings match as substrings of
+    the dotted name (the rule of modules_to_not_convert in AutoAWQ and in
+    Hugging Face's AWQ loader), compiled regular expressions by re.search."""
+    if skip is None:
+        skip = ()
+    elif isinstance(skip, (str, re.Pattern)):
+        skip = (skip,)
+    patterns = tuple(skip)
+    for p in patterns:
+        if not isinstance(p, (str, re.Pattern)):
+            raise TypeError(f"skip must hold strings or compiled regular expressions; got "
+                            f"{type(p).__name__} {p!r}")
+
+    def match(name: str):
+        for p in patterns:
+            if (p in name) if isinstance(p, str) else p.search(name):
+                return p if isinstance(p, str) else p.pattern
+        return None
+
+    return match, [p for p in patterns if isinstance(p, str)]
+
+
+def _shared_weights(model: nn.Module) -> dict:
+    """id(parameter) -> every name under which the model holds it."""
+    names: dict = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> str | None:
+    pattern = match(name)
+    if pattern is not None:
+        return f"matches skip pattern {pattern!r}"
+    if type(module) is not nn.Linear:
+        return (f"{type(module).__name__} is a subclass of nn.Linear whose forward may not "
+                "be nn.Linear's")
+    others = [n for n in shared.get(id(module.weight), ()) if n not in own_names]
+    if others:
+        return f"its weight is tied to {others[0]}; quantizing it would untie them"
+    if module.weight.is_meta:
+        return "its weight is on the meta device"
+    if module.out_features % 8:
+        return f"out_features {module.out_features} is not a multiple of 8"
+    if G != -1 and module.in_features % G:
+        return f"in_features {module.in_features} is not a multiple of group_size {G}"
+    return None
+
+
+def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",)) -> list:
+    """Replace, in place, every nn.Linear of `model` that fits the AWQ format
+    (in_features a multiple of G, out_features a multiple of 8) by
+    ``AWQLinear.from_linear(linear, group_size)``.
+
+    skip: names or patterns of modules to leave dense (default: ``lm_head``,
+    which AWQ checkpoints keep dense). A string skips every module whose dotted
+    name contains it, as ``modules_to_not_convert`` does; a compiled regular
+    expression skips the names it matches (re.search). group_size -1 means one
+    group per layer.
+
+    Also left dense: subclasses of nn.Linear (their forward may differ),
+    layers whose weight is tied to another module's, and layers on the meta
+    device. Returns the skipped layers as a list of (name, reason), which is
+    also logged (logger "awq_fast_dequant"). A Hugging Face model's
+    ``config.quantization_config`` is set to describe the result, so that the
+    model's own ``save_pretrained`` writes an AWQ checkpoint that
+    load_pretrained reads back.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if isinstance(model, nn.Linear):
+        raise TypeError("model is itself an nn.Linear, which cannot be replaced in place; "
+                        "use AWQLinear.from_linear(model, group_size)")
+    G = -1 if group_size is None or group_size == -1 else _positive(group_size, "group_size")
+    match, skip_strings = _skip_matcher(skip)
+    shared = _shared_weights(model)
+
+    linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
+               if isinstance(m, nn.Linear)]
+    # A module held under several names is one layer, whose weight is not "tied" to itself.
+    weight_names: dict = {}
+    for name, m in linears:
+        weight_names.setdefault(id(m), set()).add(f"{name}.weight")
+
+    skipped, replaced, new = [], 0, {}
+    for name, module in linears:
+        if id(module) not in new:
+            reason = _skip_reason(name, module, G, match, shared, weight_names[id(module)])
+            if reason is not None:
+                skipped.append((name, reason))
+                new[id(module)] = None
+                continue
+            new[id(module)] = AWQLinear.from_linear(module, G)
+            replaced += 1
+        if new[id(module)] is not None:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, new[id(module)])
+
+    for name, reason in skipped:
+        logger.info("quantize_model: %s left dense: %s", name, reason)
+    logger.info("quantize_model: %d nn.Linear layers quantized (group_size %d), %d left dense",
+                replaced, G, len(skipped))
+    _describe_quantization(model, G, skip_strings, [name for name, _ in skipped])
+    return skipped
+
+
+def _describe_quantization(model: nn.Module, G: int, skip_strings, dense) -> None:
+    """Sets a Hugging Face model's config.quantization_config (no-op for other models)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return
+    not_converted = list(dict.fromkeys([*skip_strings, *dense]))
+    config.quantization_config = {
+        "quant_method": "awq", "bits": 4, "group_size": G, "zero_point": True,
+        "version": "gemm", "modules_to_not_convert": not_converted or None,
+    }

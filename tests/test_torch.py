@@ -1,0 +1,546 @@
+"""awq_fast_dequant.torch: the registered ops (opcheck, torch.compile, CUDA graphs),
+AWQLinear, quantize_model; the core package without torch."""
+
+import io
+import logging
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import awq_fast_dequant as awq
+
+from conftest import child_env
+
+torch = pytest.importorskip("torch", reason="needs torch")
+nn = torch.nn
+import awq_fast_dequant.torch as at  # noqa: E402
+from awq_fast_dequant.torch import AWQLinear, quantize_model  # noqa: E402
+
+OPS = torch.ops.awq_fast_dequant
+REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
+HAS_CUDA = awq.cuda_available() and torch.cuda.is_available()
+cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def layer_tensors(K, N, G, dtype=torch.float16, device="cpu", seed=0, bias=True):
+    """Random qweight / qzeros (every bit pattern), finite scales of both signs, and a bias."""
+    gen = torch.Generator().manual_seed(seed)
+    words = lambda *shape: torch.randint(-2**31, 2**31, shape, generator=gen, dtype=torch.int64)
+    qweight = words(K, N // 8).to(torch.int32)
+    qzeros = words(K // G, N // 8).to(torch.int32)
+    scales = (torch.randn(K // G, N, generator=gen) * 0.02).to(dtype)
+    b = (torch.randn(N, generator=gen) * 0.1).to(dtype) if bias else None
+    move = lambda t: None if t is None else t.to(device)
+    return move(qweight), move(qzeros), move(scales), move(b)
+
+
+def nibbles(words):
+    """int32 [R, C] -> int64 [R, 8C] of 4-bit values, columns in AWQ order (written from DESIGN.md)."""
+    shifts = torch.tensor([4 * r for r in REVERSE], device=words.device)
+    return ((words.long().unsqueeze(-1) >> shifts) & 0xF).reshape(words.shape[0], -1)
+
+
+def reference_weight(qweight, qzeros, scales, dtype=None):
+    """W [K, N] = round_to_dtype(float32(q - z) * float32(s)), computed here in torch."""
+    K, G = qweight.shape[0], qweight.shape[0] // scales.shape[0]
+    q = nibbles(qweight.cpu())
+    z = nibbles(qzeros.cpu()).repeat_interleave(G, dim=0)
+    s = scales.cpu().float().repeat_interleave(G, dim=0)
+    return ((q - z).float() * s).to(scales.dtype if dtype is None else dtype)
+
+
+def assert_linear_close(y, x, qweight, qzeros, scales, bias=None):
+    """The contract of linear(): |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of y's dtype,
+    against float64 with W rounded to x's dtype."""
+    W = reference_weight(qweight, qzeros, scales, x.dtype).double()
+    x64 = x.detach().cpu().double().reshape(-1, W.shape[0])
+    y64 = x64 @ W + (0 if bias is None else bias.detach().cpu().double())
+    info = torch.finfo(y.dtype)
+    bound = 2.0**-9 * (x64.abs() @ W.abs()) + info.eps * y64.abs() + info.tiny * info.eps
+    got = y.detach().cpu().double().reshape(y64.shape)
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], W.shape[1])
+    excess = (got - y64).abs() - bound
+    assert excess.max() <= 0, f"max excess over the tolerance {excess.max().item():.3e}"
+
+
+def make_awq(K=256, N=64, G=128, dtype=torch.float16, device="cpu", seed=0, bias=True):
+    return AWQLinear.from_tensors(*layer_tensors(K, N, G, dtype, device, seed, bias))
+
+
+# --- the core package stays torch-free ---------------------------------------
+
+def test_core_package_does_not_import_torch():
+    code = "import sys, awq_fast_dequant; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env(), cwd="/", check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_integration_imports_the_real_torch():
+    from awq_fast_dequant.torch import _ops, _module
+
+    for mod in (_ops, _module):
+        assert mod.torch is sys.modules["torch"] and hasattr(mod.torch, "library")
+
+
+# --- the registered ops -------------------------------------------------------
+
+def test_ops_are_registered_with_their_schemas():
+    assert str(OPS.dequantize.default._schema) == (
+        "awq_fast_dequant::dequantize(Tensor qweight, Tensor qzeros, Tensor scales, "
+        "int? group_size=None, ScalarType? out_dtype=None) -> Tensor")
+    assert "Tensor(a!) out" in str(OPS.dequantize_out.default._schema)
+    assert str(OPS.linear.default._schema) == (
+        "awq_fast_dequant::linear(Tensor x, Tensor qweight, Tensor qzeros, Tensor scales, "
+        "Tensor? bias=None, int? group_size=None) -> Tensor")
+
+
+def opcheck_all(device, dtype):
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 64, dtype, device)
+    x = torch.randn(3, 5, 256, dtype=dtype, device=device)
+    out = torch.empty(256, 64, dtype=torch.float32, device=device)
+    cases = [
+        (OPS.dequantize.default, (qweight, qzeros, scales, None, None)),
+        (OPS.dequantize.default, (qweight, qzeros, scales, 64, torch.float32)),
+        (OPS.dequantize_out.default, (qweight, qzeros, scales, out, 64)),
+        (OPS.linear.default, (x, qweight, qzeros, scales, bias, 64)),
+        (OPS.linear.default, (x[0], qweight, qzeros, scales, None, None)),
+        # gradients: through x, scales and bias
+        (OPS.linear.default, (x.clone().requires_grad_(), qweight, qzeros,
+                              scales.clone().requires_grad_(), bias.clone().requires_grad_(), 64)),
+        (OPS.dequantize.default, (qweight, qzeros, scales.clone().requires_grad_(), 64, None)),
+    ]
+    for op, args in cases:
+        results = torch.library.opcheck(op, args)
+        assert set(results.values()) == {"SUCCESS"}, (op, results)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_opcheck_cpu(dtype):
+    opcheck_all("cpu", dtype)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+def test_opcheck_cuda(dtype):
+    opcheck_all("cuda", dtype)
+
+
+def bits(t):
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16], ids=str)
+def test_dequantize_op_is_the_contract(out_dtype):
+    qweight, qzeros, scales, _ = layer_tensors(128, 136, 32, torch.float16)
+    got = OPS.dequantize(qweight, qzeros, scales, 32, out_dtype)
+    want = reference_weight(qweight, qzeros, scales, out_dtype)
+    assert got.dtype == want.dtype and torch.equal(bits(got), bits(want))
+
+
+def test_dequantize_out_op_writes_out_and_rejects_bad_out():
+    qweight, qzeros, scales, _ = layer_tensors(128, 64, 64, torch.bfloat16)
+    out = torch.full((128, 64), 7.0, dtype=torch.float32)
+    OPS.dequantize_out(qweight, qzeros, scales, out)
+    assert torch.equal(out, reference_weight(qweight, qzeros, scales, torch.float32))
+    bad = torch.full((64, 128), 7.0, dtype=torch.float32)
+    with pytest.raises(ValueError, match="out"):
+        OPS.dequantize_out(qweight, qzeros, scales, bad)
+    assert torch.all(bad == 7.0)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_linear_op_within_tolerance(dtype):
+    qweight, qzeros, scales, bias = layer_tensors(384, 72, 128, dtype)
+    x = torch.randn(2, 3, 384).to(dtype)
+    assert_linear_close(OPS.linear(x, qweight, qzeros, scales, bias, 128),
+                        x, qweight, qzeros, scales, bias)
+    # non-contiguous x is made contiguous by the op
+    xt = torch.randn(384, 4).to(dtype).t()
+    assert_linear_close(OPS.linear(xt, qweight, qzeros, scales, None), xt, qweight, qzeros, scales)
+
+
+def test_op_gradients_match_a_dense_float32_model():
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 64, torch.float32)
+    x = torch.randn(2, 5, 256)
+
+    def run(fn):
+        xs, ss, bs = (t.clone().requires_grad_() for t in (x, scales, bias))
+        y = fn(xs, ss, bs)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        return xs.grad, ss.grad, bs.grad
+
+    def dense(xs, ss, bs):  # the same function written with torch ops: W = (q - z) * s
+        offsets = (nibbles(qweight) - nibbles(qzeros).repeat_interleave(64, 0)).float()
+        return xs @ (offsets * ss.repeat_interleave(64, 0)) + bs
+
+    got = run(lambda xs, ss, bs: OPS.linear(xs, qweight, qzeros, ss, bs, 64))
+    want = run(dense)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    gw = run(lambda xs, ss, bs: xs @ OPS.dequantize(qweight, qzeros, ss, 64, None) + bs)
+    torch.testing.assert_close(gw[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def graph_ops(gm):
+    """The ops a traced graph calls, as packets (torch.ops.ns.name)."""
+    return {getattr(n.target, "_overloadpacket", n.target) for n in gm.graph.nodes
+            if n.op == "call_function"}
+
+
+def test_compile_fullgraph_functions_calling_each_op():
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 64, torch.float32)
+    x = torch.randn(4, 256)
+    seen = set()
+
+    def backend(gm, example_inputs):  # records what dynamo traced, then compiles it
+        seen.update(graph_ops(gm))
+        from torch._inductor import compile_fx
+
+        return compile_fx.compile_fx(gm, example_inputs)
+
+    def f(x, qweight, qzeros, scales, bias, out):
+        w = OPS.dequantize(qweight, qzeros, scales, 64, torch.bfloat16)
+        OPS.dequantize_out(qweight, qzeros, scales, out, 64)
+        y = OPS.linear(x, qweight, qzeros, scales, bias, 64)
+        return torch.relu(y) + 1, w.float() * 2
+
+    out_c, out_e = torch.empty(256, 64), torch.empty(256, 64)
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        got = compiled(x, qweight, qzeros, scales, bias, out_c)
+        want = f(x, qweight, qzeros, scales, bias, out_e)
+    assert {OPS.dequantize, OPS.dequantize_out, OPS.linear} <= seen
+    assert torch.equal(got[1], want[1]) and torch.equal(out_c, out_e)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+
+
+def test_compile_fullgraph_module_with_awq_linear():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64), nn.LayerNorm(64))
+    assert quantize_model(model, 64) == []
+    x = torch.randn(2, 7, 256)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    # gradients through the compiled module reach x
+    xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(xs).pow(2).sum().backward()
+    model(xe).pow(2).sum().backward()
+    torch.testing.assert_close(xs.grad, xe.grad, rtol=1e-4, atol=1e-5)
+
+
+# --- AWQLinear ----------------------------------------------------------------
+
+def test_awq_linear_buffers_are_those_of_wqlinear_gemm():
+    layer = AWQLinear(512, 256, 128, bias=True, dtype=torch.float16)
+    got = {k: (tuple(v.shape), v.dtype) for k, v in layer.state_dict().items()}
+    assert got == {"qweight": ((512, 32), torch.int32), "qzeros": ((4, 32), torch.int32),
+                   "scales": ((4, 256), torch.float16), "bias": ((256,), torch.float16)}
+    assert list(AWQLinear(512, 256, -1, bias=False).state_dict()) == ["qweight", "qzeros",
+                                                                       "scales"]
+    assert AWQLinear(512, 256, -1).qzeros.shape == (1, 32)
+    assert list(layer.parameters()) == []
+
+
+def test_awq_linear_extra_repr_shows_shapes_group_and_dtype():
+    text = repr(AWQLinear(512, 256, 64, bias=False, dtype=torch.bfloat16))
+    for part in ("in_features=512", "out_features=256", "group_size=64", "bias=False",
+                 "torch.bfloat16", "qweight=[512, 32]", "qzeros=[8, 32]", "scales=[8, 256]"):
+        assert part in text
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_awq_linear_forward(dtype, bias):
+    qweight, qzeros, scales, b = layer_tensors(384, 136, 64, dtype, bias=bias)
+    layer = AWQLinear.from_tensors(qweight, qzeros, scales, b)
+    assert layer.group_size == 64 and layer.qweight is qweight  # held, not copied
+    for shape in [(384,), (5, 384), (2, 3, 384)]:
+        x = torch.randn(shape).to(dtype)
+        assert_linear_close(layer(x), x, qweight, qzeros, scales, b)
+    xt = torch.randn(384, 3).to(dtype).t()  # non-contiguous, as nn.Linear accepts
+    assert_linear_close(layer(xt), xt, qweight, qzeros, scales, b)
+
+
+def test_eager_forward_calls_the_extension_and_compile_or_grad_the_op(monkeypatch):
+    from awq_fast_dequant.torch import _module
+
+    calls = []
+    real = _module._ops.linear
+    monkeypatch.setattr(_module._ops, "linear", lambda *a: calls.append(1) or real(*a))
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(2, 256)
+    layer(x)
+    assert calls == []  # eager, no grad: C directly, no dispatcher
+    y = layer(x.clone().requires_grad_())
+    assert calls == [1] and y.requires_grad  # autograd needs the op's backward
+
+
+def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():
+    qweight, qzeros, scales, b = layer_tensors(256, 64, 128, torch.bfloat16)
+    layer = AWQLinear.from_tensors(qweight, qzeros, scales, b)
+    w = layer.dequantized_weight()
+    assert w.shape == (64, 256) and w.is_contiguous() and w.dtype == torch.bfloat16
+    assert torch.equal(w, reference_weight(qweight, qzeros, scales).t())
+    assert layer.dequantized_weight(torch.float32).dtype == torch.float32
+
+
+def test_awq_linear_state_dict_round_trip():
+    layer = make_awq(dtype=torch.bfloat16, seed=3)
+    buffer = io.BytesIO()
+    torch.save(layer.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = AWQLinear(256, 64, 128, bias=True, dtype=torch.bfloat16)
+    fresh.load_state_dict(torch.load(buffer))
+    for name, t in layer.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], t), name
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    assert torch.equal(fresh(x), layer(x))
+
+
+def test_awq_linear_dtype_conversion_keeps_the_packed_words():
+    layer = make_awq(dtype=torch.float16).to(torch.float32)
+    assert layer.scales.dtype == layer.bias.dtype == torch.float32
+    assert layer.qweight.dtype == layer.qzeros.dtype == torch.int32
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("G", [64, 128, -1])
+def test_from_linear_is_within_half_a_step_of_the_weights(dtype, G):
+    torch.manual_seed(1)
+    linear = nn.Linear(256, 72).to(dtype)
+    layer = AWQLinear.from_linear(linear, group_size=G)
+    Gr = 256 if G == -1 else G
+    assert layer.group_size == Gr and layer.scales.dtype == dtype
+    w = linear.weight.detach().float().t()  # [K, N]
+    deq = layer.dequantized_weight(torch.float32).t()  # exact (q - z) * s
+    step = layer.scales.float().repeat_interleave(Gr, dim=0)
+    err = (deq - w).abs()
+    # half a step, up to the float32 rounding of w / step
+    assert torch.all(err <= step / 2 * (1 + 2**-20) + 2**-24 * w.abs())
+    assert err.max() > 0.3 * step.max() / 2  # the bound is reached in practice, not trivially
+    assert torch.equal(layer.bias, linear.bias.detach())
+
+
+def test_from_linear_rejects_layers_that_do_not_fit():
+    with pytest.raises(ValueError, match="out_features must be a multiple of 8; got 30"):
+        AWQLinear.from_linear(nn.Linear(128, 30))
+    with pytest.raises(ValueError, match="in_features.*multiple of group_size"):
+        AWQLinear.from_linear(nn.Linear(100, 64), group_size=128)
+    with pytest.raises(TypeError, match="nn.Linear"):
+        AWQLinear.from_linear(nn.Conv1d(4, 8, 1))
+    with pytest.raises(ValueError, match="meta"):
+        AWQLinear.from_linear(nn.Linear(128, 64, device="meta"))
+
+
+def test_from_tensors_rejects_bad_tensors_and_leaves_them_untouched():
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128)
+    copies = [t.clone() for t in (qweight, qzeros, scales, bias)]
+    cases = [
+        ((qweight.float(), qzeros, scales), TypeError, "qweight must be int32"),
+        ((qweight, qzeros.long(), scales), TypeError, "qzeros must be int32"),
+        ((qweight, qzeros, scales.double()), TypeError, "scales.dtype must be"),
+        ((qweight[0], qzeros, scales), ValueError, "qweight must be 2-D"),
+        ((qweight, qzeros, scales[:, :8]), ValueError, r"scales must have shape \[K/G, N\]"),
+        ((qweight, qzeros[:, :4], scales), ValueError, r"qzeros must have shape"),
+        ((qweight[:99], qzeros, scales), ValueError, "dividing in_features=99"),
+        ((qweight, qzeros, scales, bias[:8]), ValueError, r"bias must have shape \[64\]"),
+        ((qweight, qzeros, scales, bias.float()), TypeError, "bias must have the dtype"),
+        ((qweight, qzeros, scales.numpy()), TypeError, "scales must be a torch.Tensor"),
+        ((qweight, qzeros, scales.to("meta")), ValueError, "one device"),
+    ]
+    for args, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            AWQLinear.from_tensors(*args)
+    for t, c in zip((qweight, qzeros, scales, bias), copies):
+        assert torch.equal(t, c)
+
+
+def test_awq_linear_constructor_errors():
+    with pytest.raises(ValueError, match="out_features must be a multiple of 8"):
+        AWQLinear(256, 60)
+    with pytest.raises(ValueError, match="in_features must be a multiple of group_size"):
+        AWQLinear(200, 64, 128)
+    with pytest.raises(ValueError, match="group_size must be positive"):
+        AWQLinear(256, 64, 0)
+    with pytest.raises(TypeError, match="dtype must be"):
+        AWQLinear(256, 64, dtype=torch.float64)
+    with pytest.raises(TypeError, match="in_features must be an integer"):
+        AWQLinear(256.0, 64)
+
+
+def test_awq_linear_rejects_x_of_another_dtype():
+    layer = make_awq(dtype=torch.float16)
+    with pytest.raises(TypeError):
+        layer(torch.randn(2, 256))
+
+
+# --- quantize_model -----------------------------------------------------------
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 256)
+        self.up = nn.Linear(256, 512)
+        self.down = nn.Linear(512, 256, bias=False)
+        self.odd_in = nn.Linear(100, 64)
+        self.odd_out = nn.Linear(256, 30)
+        self.attn = nn.MultiheadAttention(256, 4, batch_first=True)  # out_proj: a Linear subclass
+        self.proj = nn.Linear(256, 256)
+        self.lm_head = nn.Linear(256, 50, bias=False)
+        self.lm_head.weight = self.embed.weight  # tied
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        h = h + self.down(torch.relu(self.up(h)))
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return self.lm_head(self.proj(h))
+
+
+def test_quantize_model_replaces_what_fits_and_reports_the_rest(caplog):
+    torch.manual_seed(0)
+    model = Toy()
+    with caplog.at_level(logging.INFO, logger="awq_fast_dequant"):
+        skipped = dict(quantize_model(model, 128, skip=("lm_head",)))
+    assert {type(m).__name__ for m in (model.up, model.down, model.proj)} == {"AWQLinear"}
+    assert type(model.odd_in) is nn.Linear and type(model.odd_out) is nn.Linear
+    assert skipped == {
+        "odd_in": "in_features 100 is not a multiple of group_size 128",
+        "odd_out": "out_features 30 is not a multiple of 8",
+        "attn.out_proj": ("NonDynamicallyQuantizableLinear is a subclass of nn.Linear whose "
+                          "forward may not be nn.Linear's"),
+        "lm_head": "matches skip pattern 'lm_head'",
+    }
+    assert "odd_out left dense: out_features 30" in caplog.text
+    assert "3 nn.Linear layers quantized" in caplog.text
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        assert model(ids).shape == (2, 9, 50)
+
+
+def test_quantize_model_output_is_the_dequantized_models():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 128))
+    quantize_model(model, 64)
+    dense = nn.Sequential(nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 128))
+    for i in (0, 2):
+        dense[i].weight.data = model[i].dequantized_weight()
+        dense[i].bias.data = model[i].bias.clone()
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_model_skip_patterns_and_ties():
+    torch.manual_seed(0)
+    model = Toy()
+    model.lm_head.weight = nn.Parameter(torch.randn(56, 256))  # untied, N % 8 == 0
+    model.lm_head.out_features = 56
+    skipped = dict(quantize_model(model, 128, skip=[re.compile(r"^(up|proj)$")]))
+    assert set(skipped) == {"up", "proj", "odd_in", "odd_out", "attn.out_proj"}
+    assert skipped["up"] == "matches skip pattern '^(up|proj)$'"
+    assert type(model.lm_head).__name__ == "AWQLinear"
+
+    tied = Toy()
+    skipped = dict(quantize_model(tied, 128, skip=None))
+    assert skipped["lm_head"] == ("its weight is tied to embed.weight; quantizing it would "
+                                  "untie them")
+
+
+def test_quantize_model_shared_module_becomes_one_awq_linear():
+    shared = nn.Linear(128, 64)
+    model = nn.ModuleDict({"a": shared, "b": nn.Sequential(shared)})
+    assert quantize_model(model, 128) == []
+    assert model["a"] is model["b"][0] and isinstance(model["a"], AWQLinear)
+
+
+def test_quantize_model_sets_a_hugging_face_style_config():
+    class WithConfig(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = type("Config", (), {"to_dict": lambda self: {}})()
+            self.q = nn.Linear(256, 64)
+            self.lm_head = nn.Linear(256, 50)
+
+    model = WithConfig()
+    quantize_model(model, 64)
+    assert model.config.quantization_config == {
+        "quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+        "version": "gemm", "modules_to_not_convert": ["lm_head"]}
+
+
+def test_quantize_model_errors():
+    with pytest.raises(TypeError, match="use AWQLinear.from_linear"):
+        quantize_model(nn.Linear(128, 64))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        quantize_model({"a": nn.Linear(128, 64)})
+    with pytest.raises(TypeError, match="skip must hold strings"):
+        quantize_model(nn.Sequential(nn.Linear(128, 64)), skip=[3])
+    with pytest.raises(ValueError, match="group_size must be positive"):
+        quantize_model(nn.Sequential(nn.Linear(128, 64)), group_size=0)
+
+
+# --- CUDA ---------------------------------------------------------------------
+
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+def test_awq_linear_cuda(dtype):
+    layer = make_awq(512, 1024, 128, dtype, "cuda")
+    for rows in (1, 7, 64):
+        x = torch.randn(rows, 512, device="cuda").to(dtype)
+        assert_linear_close(layer(x), x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
+
+
+@cuda
+def test_awq_linear_cuda_graph_capture_and_replay():
+    layer = make_awq(512, 256, 128, torch.float16, "cuda")
+    static_x = torch.randn(4, 512, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():  # warm-up outside capture
+        for _ in range(3):
+            layer(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y = layer(static_x)
+    for seed in range(3):
+        x = torch.randn(4, 512, device="cuda", dtype=torch.float16,
+                        generator=torch.Generator("cuda").manual_seed(seed))
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_linear_close(static_y, x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
+
+
+@cuda
+def test_compile_on_cuda_with_cuda_graphs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 256), nn.GELU(), nn.Linear(256, 128)).cuda().half()
+    quantize_model(model, 128)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
+    for mode in (None, "reduce-overhead"):
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        with torch.no_grad():
+            for _ in range(3):  # reduce-overhead records the graph on a later call
+                got = compiled(x)
+            torch.testing.assert_close(got, model(x), rtol=2e-3, atol=2e-3)
+
+
+@cuda
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_awq_linear_on_the_second_gpu():
+    layer = make_awq(512, 256, 128, torch.bfloat16, "cuda:1")
+    x = torch.randn(5, 512, device="cuda:1").to(torch.bfloat16)
+    y = layer(x)
+    assert y.device == torch.device("cuda:1")
+    assert_linear_close(y, x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch.no_grad():
+        assert_linear_close(compiled(x), x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
