@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import awq_fast_dequant as awq
@@ -16,7 +15,6 @@ from conftest import child_env
 
 torch = pytest.importorskip("torch", reason="needs torch")
 nn = torch.nn
-import awq_fast_dequant.torch as at  # noqa: E402
 from awq_fast_dequant.torch import AWQLinear, quantize_model  # noqa: E402
 
 OPS = torch.ops.awq_fast_dequant
@@ -47,7 +45,7 @@ def nibbles(words):
 
 def reference_weight(qweight, qzeros, scales, dtype=None):
     """W [K, N] = round_to_dtype(float32(q - z) * float32(s)), computed here in torch."""
-    K, G = qweight.shape[0], qweight.shape[0] // scales.shape[0]
+    G = qweight.shape[0] // scales.shape[0]
     q = nibbles(qweight.cpu())
     z = nibbles(qzeros.cpu()).repeat_interleave(G, dim=0)
     s = scales.cpu().float().repeat_interleave(G, dim=0)
@@ -82,9 +80,9 @@ def test_core_package_does_not_import_torch():
 
 
 def test_the_integration_imports_the_real_torch():
-    from awq_fast_dequant.torch import _ops, _module
+    from awq_fast_dequant.torch import _ops, _module, _hf
 
-    for mod in (_ops, _module):
+    for mod in (_ops, _module, _hf):
         assert mod.torch is sys.modules["torch"] and hasattr(mod.torch, "library")
 
 

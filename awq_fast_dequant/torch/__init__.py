@@ -12,10 +12,14 @@ and provides:
 - AWQLinear: an nn.Module with the buffers of AutoAWQ's WQLinear_GEMM
   (qweight, qzeros, scales, bias), whose forward is awq_fast_dequant.linear;
 - quantize_model(model, group_size=128, skip=("lm_head",)): every fitting
-  nn.Linear of a model replaced by an AWQLinear, in place.
+  nn.Linear of a model replaced by an AWQLinear, in place;
+- load_pretrained(path, *, dtype=None, device=None): a Hugging Face AWQ
+  checkpoint folder loaded into its transformers model (needs the 'hf' extra).
 """
 
 from ._ops import dequantize, dequantize_out, linear
 from ._module import AWQLinear, quantize_model
+from ._hf import load_pretrained, parameters_on_meta
 
-__all__ = ["AWQLinear", "quantize_model", "dequantize", "dequantize_out", "linear"]
+__all__ = ["AWQLinear", "quantize_model", "load_pretrained", "parameters_on_meta",
+           "dequantize", "dequantize_out", "linear"]

@@ -1,0 +1,333 @@
+"""load_pretrained: a Hugging Face AWQ checkpoint folder -> a transformers model with AWQLinear layers.
+
+The steps, in order, so that every error comes before the first byte is
+allocated on the target device:
+
+1. awq_fast_dequant.checkpoint validates the folder: the quantization_config
+   (4 bits, zero point, the "gemm" version), the shards and their index, and
+   every quantized layer's dtypes and shapes against the group size.
+2. transformers builds the model from config.json with its parameters on the
+   meta device (buffers are built as the model's code builds them: they are
+   small, and some, like rotary frequencies, are computed there and are not
+   in the checkpoint).
+3. Each module the checkpoint quantizes becomes an AWQLinear (still on meta),
+   and every parameter and persistent buffer of the model is matched to a
+   checkpoint tensor of the same shape; a missing one is an error.
+4. Tensors are read one at a time through safetensors (memory-mapped, straight
+   to the device) and put in place of the meta tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import awq_fast_dequant as _afd
+
+from ._module import AWQLinear, _scale_dtype
+
+__all__ = ["load_pretrained"]
+
+logger = logging.getLogger("awq_fast_dequant")
+
+_SCALE_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
+                       "float32": torch.float32}
+
+
+def _require(name: str):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise ImportError(
+            f"load_pretrained needs the {name} package: pip install 'awq_fast_dequant[hf]'"
+        ) from None
+
+
+# --- parameters on the meta device --------------------------------------------
+
+# The building thread's flag; other threads building modules at the same time are not affected.
+_meta_state = threading.local()
+_patch_lock = threading.Lock()
+_patch_users = 0
+_original_register_parameter = nn.Module.register_parameter
+
+
+def _register_parameter(self, name, param):
+    _original_register_parameter(self, name, param)
+    if param is not None and getattr(_meta_state, "active", False) and not param.is_meta:
+        # Creation ran on the CPU (torch.empty: no page touched); the model keeps only the meta twin.
+        self._parameters[name] = nn.Parameter(param.detach().to("meta"),
+                                              requires_grad=param.requires_grad)
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Inside, in this thread, every nn.Parameter a module registers is moved to
+    the meta device, so that building a model allocates no weights; buffers
+    stay where the model's code puts them."""
+    global _patch_users
+    with _patch_lock:
+        if _patch_users == 0:
+            nn.Module.register_parameter = _register_parameter
+        _patch_users += 1
+    previous = getattr(_meta_state, "active", False)
+    _meta_state.active = True
+    try:
+        yield
+    finally:
+        _meta_state.active = previous
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                nn.Module.register_parameter = _original_register_parameter
+
+
+# --- arguments ----------------------------------------------------------------
+
+def _target_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'); "
+                         f"got {device!r}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device must be the CPU or a CUDA device; got {dev}")
+    if not _afd.cuda_available():
+        raise RuntimeError(
+            f"device {dev} asked for, but this build of awq_fast_dequant has no usable CUDA "
+            "backend (build_info() says what was compiled; rebuild where nvcc is found)")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {dev} asked for, but torch sees no CUDA device")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device {dev}: there are {torch.cuda.device_count()} CUDA devices")
+    return torch.device("cuda", index)
+
+
+def _target_dtype(dtype, checkpoint) -> torch.dtype:
+    if dtype is not None:
+        return _scale_dtype(dtype)
+    found = sorted({layer.scales_dtype for layer in checkpoint.layers})
+    if len(found) > 1:
+        raise ValueError(f"the checkpoint's scales have several dtypes ({', '.join(found)}); "
+                         "pass dtype=")
+    return _SCALE_TORCH_DTYPES[found[0]]
+
+
+def _model_class(transformers, config, model_class):
+    if model_class is not None:
+        return model_class
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    raise ValueError(
+        f"config.json names no architecture that transformers {transformers.__version__} has "
+        f"(architectures: {getattr(config, 'architectures', None)}); pass model_class=, e.g. "
+        "transformers.AutoModelForCausalLM")
+
+
+def _build(model_class, config):
+    """The model with every parameter on the meta device."""
+    quantization_config = getattr(config, "quantization_config", None)
+    if quantization_config is not None:
+        # The AWQ layers are put in here; transformers must not set up its own quantizer.
+        del config.quantization_config
+    try:
+        with parameters_on_meta():
+            if hasattr(model_class, "_from_config"):
+                return model_class._from_config(config)
+            return model_class.from_config(config)  # the Auto classes
+    finally:
+        if quantization_config is not None:
+            config.quantization_config = quantization_config
+
+
+# --- matching the model to the checkpoint -------------------------------------
+
+def _checkpoint_name(name: str, tensors: dict, prefix: str):
+    """The checkpoint's name for the model's tensor `name`, allowing for a
+    checkpoint saved from the base model (no prefix) or from a model with a
+    head (prefix), as transformers does."""
+    if name in tensors:
+        return name
+    if prefix:
+        if name.startswith(prefix + ".") and name[len(prefix) + 1:] in tensors:
+            return name[len(prefix) + 1:]
+        if f"{prefix}.{name}" in tensors:
+            return f"{prefix}.{name}"
+    return None
+
+
+def _model_name(ckpt_name: str, model_names, prefix: str):
+    """The inverse of _checkpoint_name, for a layer prefix of the checkpoint."""
+    if ckpt_name in model_names:
+        return ckpt_name
+    if prefix:
+        if f"{prefix}.{ckpt_name}" in model_names:
+            return f"{prefix}.{ckpt_name}"
+        if ckpt_name.startswith(prefix + ".") and ckpt_name[len(prefix) + 1:] in model_names:
+            return ckpt_name[len(prefix) + 1:]
+    return None
+
+
+def _install_awq_layers(model, checkpoint, dtype, prefix: str) -> None:
+    modules = dict(model.named_modules())
+    for layer in checkpoint.layers:
+        name = _model_name(layer.prefix, modules, prefix)
+        module = modules.get(name) if name is not None else None
+        if module is None:
+            raise ValueError(
+                f"the checkpoint quantizes layer {layer.prefix!r}, which {type(model).__name__} "
+                "does not have (is config.json the checkpoint's own?)")
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"the checkpoint quantizes {layer.prefix!r}, but the model's "
+                             f"{name} is a {type(module).__name__}, not an nn.Linear")
+        if (module.in_features, module.out_features) != (layer.in_features, layer.out_features):
+            raise ValueError(
+                f"layer {layer.prefix!r}: the checkpoint's qweight is [K={layer.in_features}, "
+                f"N/8={layer.out_features // 8}] but the model's nn.Linear has in_features="
+                f"{module.in_features}, out_features={module.out_features}")
+        awq = AWQLinear(layer.in_features, layer.out_features, layer.group_size,
+                        bias=module.bias is not None, dtype=dtype, device="meta")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, awq)
+
+
+def _slots(model):
+    """name -> (module, attribute, is_parameter) for every parameter and
+    persistent buffer, and the groups of names that hold one tensor (tied weights)."""
+    slots, holders = {}, {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        dot = mod_name + "." if mod_name else ""
+        for attr, p in module._parameters.items():
+            if p is not None:
+                slots[dot + attr] = (module, attr, True)
+                holders.setdefault(id(p), []).append(dot + attr)
+        for attr, b in module._buffers.items():
+            if b is not None and attr not in module._non_persistent_buffers_set:
+                slots[dot + attr] = (module, attr, False)
+                holders.setdefault(id(b), []).append(dot + attr)
+    return slots, holders
+
+
+def _plan(model, checkpoint, prefix: str):
+    """[(checkpoint name, [model names])], after checking names and shapes."""
+    tensors = checkpoint.tensors
+    slots, holders = _slots(model)
+    plan, missing, wrong, used = [], [], [], set()
+    for names in holders.values():
+        # A tied tensor is read once, under the first of its names the checkpoint holds.
+        sources = [s for s in (_checkpoint_name(n, tensors, prefix) for n in names) if s]
+        source = sources[0] if sources else None
+        module, attr, _ = slots[names[0]]
+        current = getattr(module, attr)
+        if source is None:
+            if current.is_meta:
+                missing.append(names[0])
+            continue  # a buffer the model built, which the checkpoint leaves out
+        info = tensors[source]
+        if tuple(info.shape) != tuple(current.shape):
+            wrong.append(f"{source}: checkpoint {list(info.shape)}, model {list(current.shape)}")
+        used.update(sources)
+        plan.append((source, names))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{more}, "
+                         f"which {type(model).__name__} needs")
+    if wrong:
+        more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+        raise ValueError(f"tensor shapes disagree with the model: {'; '.join(wrong[:5])}{more}")
+    unused = sorted(set(tensors) - used)
+    if unused:
+        logger.warning("load_pretrained: %d checkpoint tensors have no place in %s and are not "
+                       "read: %s%s", len(unused), type(model).__name__, ", ".join(unused[:5]),
+                       " ..." if len(unused) > 5 else "")
+    return plan, slots
+
+
+# --- reading ------------------------------------------------------------------
+
+def _load(model, checkpoint, plan, slots, dtype, device) -> None:
+    safe_open = _require("safetensors").safe_open
+    where = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    with contextlib.ExitStack() as stack:
+        handles = {}
+        for source, names in plan:
+            info = checkpoint.tensors[source]
+            handle = handles.get(info.file)
+            if handle is None:
+                path = str(Path(checkpoint.folder) / info.file)
+                handle = handles[info.file] = stack.enter_context(
+                    safe_open(path, framework="pt", device=where))
+            t = handle.get_tensor(source)
+            if t.dtype == torch.uint32:
+                t = t.view(torch.int32)  # AWQ words: the same bits, in AWQLinear's dtype
+            elif t.is_floating_point() and t.dtype != dtype:
+                t = t.to(dtype)
+            module, attr, is_parameter = slots[names[0]]
+            if is_parameter:
+                t = nn.Parameter(t, requires_grad=getattr(module, attr).requires_grad)
+            for name in names:
+                module, attr, _ = slots[name]
+                (module._parameters if is_parameter else module._buffers)[attr] = t
+    # What the model built itself (its buffers) joins the weights on the device.
+    for module in model.modules():
+        for attr, b in module._buffers.items():
+            if b is not None and b.device != device:
+                module._buffers[attr] = b.to(device)
+
+
+def load_pretrained(path, *, dtype=None, device=None, model_class=None):
+    """Load a Hugging Face AWQ checkpoint folder into its transformers model,
+    with an AWQLinear for every layer the checkpoint quantizes.
+
+    path: a folder with config.json (quantization_config: quant_method "awq",
+        bits 4, zero_point true, version "gemm") and model.safetensors, or
+        shards listed in model.safetensors.index.json.
+    dtype: of scales, bias and every other floating-point tensor the
+        checkpoint holds; default the scales' dtype.
+    device: where the model goes ("cpu", "cuda", "cuda:1"); default the CPU.
+    model_class: the transformers class to build (e.g.
+        transformers.AutoModelForCausalLM); default the first of
+        config.json's architectures.
+
+    Returns the model in eval mode, ready for generate(). Checkpoints this
+    package cannot run raise ValueError (awq_fast_dequant.checkpoint's
+    CheckpointError for the checkpoint itself) before anything is allocated on
+    the device. Needs transformers and safetensors (the 'hf' extra).
+    """
+    transformers = _require("transformers")
+    _require("safetensors")
+    from awq_fast_dequant.checkpoint import open_checkpoint
+
+    checkpoint = open_checkpoint(path)
+    if checkpoint.config is None:
+        raise ValueError(f"{path}: load_pretrained needs a checkpoint folder with config.json")
+    device = _target_device(device)
+    dtype = _target_dtype(dtype, checkpoint)
+
+    config = transformers.AutoConfig.from_pretrained(str(checkpoint.folder))
+    cls = _model_class(transformers, config, model_class)
+    model = _build(cls, config)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    _install_awq_layers(model, checkpoint, dtype, prefix)
+    plan, slots = _plan(model, checkpoint, prefix)
+
+    _load(model, checkpoint, plan, slots, dtype, device)
+    if hasattr(model.config, "dtype"):
+        model.config.dtype = dtype
+    generation = Path(checkpoint.folder) / "generation_config.json"
+    if generation.is_file() and hasattr(model, "generation_config"):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(
+            str(checkpoint.folder))
+    return model.eval()

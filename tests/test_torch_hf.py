@@ -1,0 +1,359 @@
+"""Hugging Face integration: a small Llama quantized with quantize_model, written by its own
+save_pretrained and read back by load_pretrained; what load_pretrained refuses and when."""
+
+import copy
+import json
+import shutil
+import sys
+import threading
+
+import pytest
+
+import awq_fast_dequant as awq
+
+torch = pytest.importorskip("torch", reason="needs torch")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers: pip install 'awq_fast_dequant[hf]'")
+safetensors_torch = pytest.importorskip(
+    "safetensors.torch", reason="needs safetensors: pip install 'awq_fast_dequant[hf]'")
+nn = torch.nn
+
+from awq_fast_dequant.torch import AWQLinear, load_pretrained, parameters_on_meta  # noqa: E402
+from awq_fast_dequant.torch import quantize_model  # noqa: E402
+from awq_fast_dequant.torch import _hf  # noqa: E402
+
+HAS_CUDA = awq.cuda_available() and torch.cuda.is_available()
+cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+NEW_TOKENS = 32
+
+
+def small_llama(tie=False, seed=0, dtype=torch.float32):
+    """A Llama with every dimension a multiple of 128 and random weights. A wide
+    initializer makes the next-token distribution peaked, so greedy decoding
+    does not hinge on near-ties."""
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.2, tie_word_embeddings=tie)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+def dense_twin(model):
+    """The same model with every AWQLinear replaced by an nn.Linear holding its dequantized weight."""
+    twin = copy.deepcopy(model)
+    for name, m in list(twin.named_modules()):
+        if isinstance(m, AWQLinear):
+            dense = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None,
+                              dtype=m.scales.dtype, device=m.scales.device)
+            dense.weight.data = m.dequantized_weight()
+            if m.bias is not None:
+                dense.bias.data = m.bias.clone()
+            parent, _, child = name.rpartition(".")
+            setattr(twin.get_submodule(parent), child, dense)
+    return twin
+
+
+def prompt(device="cpu"):
+    return torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(5)).to(device)
+
+
+def generate(model, ids, new_tokens=NEW_TOKENS, **kw):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          do_sample=False, pad_token_id=0, **kw)
+
+
+def logits_within_linear_tolerance(got, dense_model, ids):
+    """|got - dense| <= 2^-9 (|h| @ |W_lm|^T) + 1 ulp, h the dense model's last hidden state:
+    the tolerance of linear() at the layer that makes the logits. Returns (max error, bound)."""
+    with torch.no_grad():
+        out = dense_model(ids, output_hidden_states=True)
+    h = out.hidden_states[-1].double()
+    W = dense_model.lm_head.weight.double()
+    want = out.logits.double()
+    info = torch.finfo(got.dtype)
+    bound = 2.0**-9 * (h.abs() @ W.abs().t()) + info.eps * want.abs()
+    err = (got.double() - want).abs()
+    assert torch.all(err <= bound), f"max excess {(err - bound).max().item():.3e}"
+    return err.max().item(), bound.min().item()
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory):
+    """(folder, the quantized model in memory) for G = 128."""
+    model = small_llama()
+    skipped = quantize_model(model, 128)
+    assert skipped == [("lm_head", "matches skip pattern 'lm_head'")]
+    folder = tmp_path_factory.mktemp("llama-awq")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_save_pretrained_writes_an_awq_checkpoint(saved_llama):
+    folder, model = saved_llama
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+        "version": "gemm", "modules_to_not_convert": ["lm_head"]}
+    tensors = safetensors_torch.load_file(str(folder / "model.safetensors"))
+    q = "model.layers.1.mlp.down_proj"
+    assert tensors[f"{q}.qweight"].dtype == torch.int32
+    assert tensors[f"{q}.qweight"].shape == (512, 32)
+    assert tensors[f"{q}.qzeros"].shape == (4, 32)
+    assert tensors[f"{q}.scales"].shape == (4, 256)
+    assert f"{q}.weight" not in tensors and "lm_head.weight" in tensors
+
+
+def test_load_pretrained_round_trip_logits_and_generate(saved_llama, capsys):
+    folder, model = saved_llama
+    loaded = load_pretrained(folder)
+    assert not loaded.training and isinstance(loaded, transformers.LlamaForCausalLM)
+    awq_layers = {n: m for n, m in loaded.named_modules() if isinstance(m, AWQLinear)}
+    assert len(awq_layers) == 14 and type(loaded.lm_head) is nn.Linear
+    for name, m in awq_layers.items():
+        src = model.get_submodule(name)
+        for buf in ("qweight", "qzeros", "scales"):
+            assert torch.equal(getattr(m, buf), getattr(src, buf)), (name, buf)
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    assert not any(t.is_meta for t in loaded.state_dict().values())
+
+    ids = prompt()
+    twin = dense_twin(model)
+    with torch.no_grad():
+        got = loaded(ids).logits
+    err, bound = logits_within_linear_tolerance(got, twin, ids)
+    a = generate(loaded, ids)
+    b = generate(twin, ids)
+    with capsys.disabled():
+        print(f"\nsmall Llama (float32, G=128): logits max |error| {err:.3e} against the "
+              f"dense dequantized model (tolerance >= {bound:.3e}); greedy {NEW_TOKENS} "
+              f"tokens agree: {torch.equal(a, b)}")
+    assert a.shape == (2, 12 + NEW_TOKENS) and torch.equal(a, b)
+
+
+def test_load_pretrained_static_cache_generate(saved_llama):
+    folder, model = saved_llama
+    loaded = load_pretrained(folder)
+    ids = prompt()
+    a = generate(loaded, ids, 8, cache_implementation="static")
+    b = generate(model, ids, 8)
+    assert torch.equal(a, b)
+
+
+def test_load_pretrained_dtype(saved_llama):
+    folder, model = saved_llama
+    loaded = load_pretrained(folder, dtype=torch.bfloat16)
+    assert loaded.model.layers[0].mlp.up_proj.scales.dtype == torch.bfloat16
+    assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert loaded.model.layers[0].mlp.up_proj.qweight.dtype == torch.int32
+    # the same as converting the quantized model's weights in memory; the buffers the
+    # model computes itself (rotary frequencies) keep the dtype the model gives them
+    converted = copy.deepcopy(model).to(torch.bfloat16)
+    for name, buf in model.named_buffers():
+        if name not in model.state_dict():
+            parent, _, attr = name.rpartition(".")
+            setattr(converted.get_submodule(parent), attr, buf.clone())
+    for name, t in converted.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, converted(ids).logits)
+
+
+def test_tied_embeddings_stay_tied(tmp_path):
+    model = small_llama(tie=True)
+    assert dict(quantize_model(model, 128, skip=None)) == {
+        "lm_head": "its weight is tied to model.embed_tokens.weight; quantizing it would "
+                   "untie them"}
+    model.save_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    model = small_llama(seed=1)
+    quantize_model(model, 64)
+    model.save_pretrained(tmp_path, max_shard_size="300KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    loaded = load_pretrained(tmp_path)
+    assert loaded.model.layers[0].self_attn.q_proj.group_size == 64
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_base_model_checkpoint_into_a_model_with_a_head(saved_llama, tmp_path):
+    """Tensors saved by LlamaModel (no 'model.' prefix) load into LlamaForCausalLM's body."""
+    folder, model = saved_llama
+    model.model.save_pretrained(tmp_path)
+    body = load_pretrained(tmp_path)
+    assert isinstance(body, transformers.LlamaModel)
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
+
+
+def test_model_class_argument(saved_llama):
+    folder, model = saved_llama
+    auto = load_pretrained(folder, model_class=transformers.AutoModelForCausalLM)
+    assert isinstance(auto, transformers.LlamaForCausalLM)
+    body = load_pretrained(folder, model_class=transformers.LlamaModel)  # drops lm_head
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
+
+
+# --- what load_pretrained refuses, and before what --------------------------
+
+def edited_copy(src, dst, config=None, drop=(), change=None):
+    """A copy of checkpoint `src` with its quantization_config updated by `config`,
+    tensors `drop` left out and `change` (name -> tensor) replaced."""
+    shutil.copytree(src, dst)
+    if config:
+        data = json.loads((dst / "config.json").read_text())
+        data["quantization_config"].update(config)
+        (dst / "config.json").write_text(json.dumps(data))
+    if drop or change:
+        tensors = safetensors_torch.load_file(str(dst / "model.safetensors"))
+        tensors = {k: v for k, v in tensors.items() if k not in drop}
+        tensors.update(change or {})
+        safetensors_torch.save_file(tensors, str(dst / "model.safetensors"),
+                                    metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fails the test if load_pretrained builds a model or reads a tensor."""
+    def refuse(*a, **k):
+        raise AssertionError("load_pretrained went on after a bad checkpoint")
+    monkeypatch.setattr(_hf, "_build", refuse)
+    monkeypatch.setattr(_hf, "_load", refuse)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"version": "gemv"}, "version 'gemv' is not supported"),
+    ({"version": "marlin"}, "version 'marlin' is not supported"),
+    ({"version": "exllama"}, "version 'exllama' is not supported"),
+    ({"bits": 8}, "bits is 8; only 4-bit"),
+    ({"zero_point": False}, "zero_point is False"),
+    ({"quant_method": "gptq"}, "quant_method is 'gptq'"),
+    ({"group_size": 64}, r"qzeros has shape \[4, 32\]; expected .* group_size 64"),
+])
+def test_unsupported_checkpoints_are_refused_before_building(saved_llama, tmp_path, config,
+                                                             message, nothing_built):
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt", config=config)
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(folder)
+
+
+def test_missing_layer_tensor_is_refused_before_building(saved_llama, tmp_path, nothing_built):
+    name = "model.layers.0.self_attn.k_proj.qzeros"
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt", drop=[name])
+    with pytest.raises(ValueError, match="k_proj' has a qweight but no qzeros"):
+        load_pretrained(folder)
+
+
+def test_missing_dense_tensor_is_refused_before_reading(saved_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt", drop=["model.norm.weight"])
+    with pytest.raises(ValueError, match="no tensor for model.norm.weight"):
+        load_pretrained(folder)
+
+
+def test_model_config_that_disagrees_is_refused_before_reading(saved_llama, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt")
+    data = json.loads((folder / "config.json").read_text())
+    data["intermediate_size"] = 640
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"down_proj': the checkpoint's qweight is \[K=512, N/8=32\] "
+                                         r"but the model's nn.Linear has in_features=640"):
+        load_pretrained(folder)
+
+
+def test_dense_tensor_of_the_wrong_shape_is_refused(saved_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt",
+                         change={"model.norm.weight": torch.ones(128)})
+    with pytest.raises(ValueError, match=r"model.norm.weight: checkpoint \[128\], model \[256\]"):
+        load_pretrained(folder)
+
+
+def test_bad_arguments(saved_llama):
+    folder = saved_llama[0]
+    with pytest.raises(TypeError, match="dtype must be"):
+        load_pretrained(folder, dtype=torch.float64)
+    with pytest.raises(ValueError, match="device must"):
+        load_pretrained(folder, device="tpu")
+    with pytest.raises(ValueError, match="no such file or folder"):
+        load_pretrained(folder / "nowhere")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_cuda_device_without_cuda_is_refused(saved_llama, nothing_built):
+    with pytest.raises(RuntimeError, match="CUDA"):
+        load_pretrained(saved_llama[0], device="cuda")
+
+
+def test_without_transformers_the_error_names_the_extra(saved_llama, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"awq_fast_dequant\[hf\]"):
+        load_pretrained(saved_llama[0])
+
+
+def test_parameters_on_meta_only_in_its_thread():
+    seen = {}
+
+    def other():
+        seen["other"] = nn.Linear(8, 8).weight.device.type
+
+    with parameters_on_meta():
+        layer = nn.Linear(8, 8)
+        bn = nn.BatchNorm1d(8)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert layer.weight.is_meta and layer.bias.is_meta and bn.weight.is_meta
+    assert bn.running_mean.device.type == "cpu"  # buffers are built for real
+    assert seen["other"] == "cpu"
+    assert nn.Linear(8, 8).weight.device.type == "cpu"
+    assert nn.Module.register_parameter is _hf._original_register_parameter
+
+
+# --- on the GPU -----------------------------------------------------------------
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
+    model = small_llama(dtype=dtype).cuda()
+    quantize_model(model, 128)
+    model.save_pretrained(tmp_path)
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ValueError):
+        load_pretrained(edited_copy(tmp_path, tmp_path / "bad", config={"bits": 3}),
+                        device="cuda")
+    assert torch.cuda.memory_allocated() == before  # refused before any allocation
+    loaded = load_pretrained(tmp_path, device="cuda")
+    assert loaded.model.layers[0].mlp.up_proj.qweight.is_cuda
+    assert loaded.model.rotary_emb.inv_freq.is_cuda
+    ids = prompt("cuda")
+    twin = dense_twin(model)
+    with torch.no_grad():
+        logits_within_linear_tolerance(loaded(ids).logits, twin, ids)
+    a = generate(loaded, ids)
+    b = generate(twin, ids)
+    assert torch.equal(a, b)
+    compiled = torch.compile(loaded, fullgraph=True)
+    with torch.no_grad():
+        logits_within_linear_tolerance(compiled(ids, use_cache=False).logits, twin, ids)
+    # a static cache makes generate() compile the forward and run it under CUDA graphs
+    c = generate(loaded, ids, cache_implementation="static")
+    assert torch.equal(c, b)
+
