@@ -1,15 +1,21 @@
 """Hugging Face integration: a small Llama quantized with quantize_model, written by its own
-save_pretrained and read back by load_pretrained; what load_pretrained refuses and when."""
+save_pretrained and read back by load_pretrained; what load_pretrained refuses and when;
+the decoder-layer benchmark script on a tiny layer."""
 
 import copy
 import json
+import re
 import shutil
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 import awq_fast_dequant as awq
+
+from conftest import child_env
 
 torch = pytest.importorskip("torch", reason="needs torch")
 transformers = pytest.importorskip(
@@ -24,6 +30,7 @@ from awq_fast_dequant.torch import _hf  # noqa: E402
 
 HAS_CUDA = awq.cuda_available() and torch.cuda.is_available()
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+REPO = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 32
 
 
@@ -357,3 +364,16 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     c = generate(loaded, ids, cache_implementation="static")
     assert torch.equal(c, b)
 
+
+# --- the benchmark script ---------------------------------------------------------
+
+def test_decoder_layer_bench_runs_on_a_tiny_layer():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "decoder_layer_bench.py"), "--device", "cpu",
+         "--tiny", "--trials", "2", "--repeats", "2", "--prefill", "16"],
+        capture_output=True, text=True, timeout=600, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert "decode step ratio (dense / AWQ):" in out.stdout
+    assert "prefill ratio (AWQ / dense):" in out.stdout
+    errors = [float(e) for e in re.findall(r"max rel\. error (\S+)", out.stdout)]
+    assert len(errors) == 2 and max(errors) < 1e-4, out.stdout

@@ -1,0 +1,244 @@
+"""One Llama-3-8B-shaped decoder layer: AWQLinear against nn.Linear, float16, on the GPU.
+
+transformers' LlamaDecoderLayer with Llama-3-8B's dimensions (hidden 4096,
+MLP 14336, 32 query heads and 8 key/value heads of 128) and random weights;
+the AWQ layer is the same layer after quantize_model (G = 128). Batch 1.
+
+- decode step: one new token, the whole layer captured in a CUDA graph and
+  replayed; attention covers the new token only (no KV cache), so the step is
+  the seven projections, two norms and the rotary embedding. Printed: the
+  ratio dense / AWQ of the step times (target: >= 2).
+- prefill: 512 tokens (--prefill), also replayed from a CUDA graph. Printed:
+  the ratio AWQ / dense (target: <= 1.10).
+- host overhead: microseconds per call of AWQLinear (a 4096 x 4096 layer, one
+  token) against calling awq_fast_dequant.linear directly, the GPU kept busy
+  so that no call waits on it (target: within 3 us).
+
+Every replay is timed alone between CUDA events after an L2 flush; dense and
+AWQ alternate in a random order each trial; medians are reported, and the
+AWQ layer's output is checked against the dense layer of its own dequantized
+weights. --device cpu --tiny runs the same steps on a small layer on the CPU
+(no CUDA graphs, no host-overhead figure), to check that the script runs.
+
+    python scripts/decoder_layer_bench.py [--trials 15] [--repeats 10] [--prefill 512]
+"""
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+import torch
+import transformers
+
+import awq_fast_dequant as awq
+from awq_fast_dequant.bench import CudaTimer
+from awq_fast_dequant.torch import AWQLinear, quantize_model
+
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                 num_key_value_heads=8, head_dim=128)
+TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64)
+HOST_CALLS = 200        # per sample: well under the launch queue's depth (about a thousand)
+HOST_SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: ~100 ms, far longer than the calls
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a small layer instead of Llama-3-8B's (default off)")
+    ap.add_argument("--group", type=int, default=128, help="AWQ group size (default 128)")
+    ap.add_argument("--prefill", type=int, default=512, help="prefill tokens (default 512)")
+    ap.add_argument("--trials", type=int, default=15, help="trials (default 15)")
+    ap.add_argument("--repeats", type=int, default=10,
+                    help="timed replays per trial and layer (default 10)")
+    ap.add_argument("--host-repeats", type=int, default=20,
+                    help="host-overhead samples per case (default 20)")
+    ap.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
+    return ap.parse_args()
+
+
+def build_layers(dims, group, dtype, device, seed):
+    """(dense LlamaDecoderLayer, its AWQ copy, the rotary embedding module)."""
+    config = transformers.LlamaConfig(**dims, num_hidden_layers=1, vocab_size=128,
+                                      max_position_embeddings=8192)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    dense = transformers.models.llama.modeling_llama.LlamaDecoderLayer(config, layer_idx=0)
+    dense = dense.to(device=device, dtype=dtype).eval()
+    quantized = copy.deepcopy(dense)
+    skipped = quantize_model(quantized, group)
+    if skipped:
+        raise SystemExit(f"layers left dense: {skipped}")
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config).to(device)
+    return dense, quantized, rotary
+
+
+def dense_of(quantized):
+    """quantized with each AWQLinear replaced by an nn.Linear of its dequantized weight."""
+    twin = copy.deepcopy(quantized)
+    for name, m in list(twin.named_modules()):
+        if isinstance(m, AWQLinear):
+            lin = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None,
+                                  dtype=m.scales.dtype, device=m.scales.device)
+            lin.weight.data = m.dequantized_weight()
+            parent, _, child = name.rpartition(".")
+            setattr(twin.get_submodule(parent), child, lin)
+    return twin
+
+
+class Step:
+    """layer(hidden) for fixed inputs of `tokens` tokens; replayed from a CUDA graph on CUDA."""
+
+    def __init__(self, layer, rotary, tokens, hidden, dtype, device, seed):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+        positions = torch.arange(tokens, device=device).unsqueeze(0)
+        self.rope = tuple(t.to(dtype) for t in rotary(self.x, positions))
+        self.layer = layer
+        self.graph = None
+        if self.x.is_cuda:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(3):  # warm-up: tuning, allocator, lazy initialization
+                    self.eager()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self.eager()
+        else:
+            self.out = self.eager()
+
+    def eager(self):
+        with torch.no_grad():
+            out = self.layer(self.x, position_embeddings=self.rope)
+        return out[0] if isinstance(out, tuple) else out
+
+    def __call__(self):
+        if self.graph is None:
+            self.out = self.eager()
+        else:
+            self.graph.replay()
+        return self.out
+
+
+class CpuTimer:
+    def run(self, fn, runs):
+        samples = []
+        for _ in range(runs):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1000.0)
+        return samples, None
+
+
+def time_pair(timer, steps, trials, repeats, seed):
+    """name -> every timed run (us); the steps in a fresh random order each trial."""
+    rng = random.Random(seed)
+    samples = {name: [] for name in steps}
+    for _ in range(trials):
+        order = list(steps)
+        rng.shuffle(order)
+        for name in order:
+            samples[name] += timer.run(steps[name], repeats)[0]
+    return samples
+
+
+def summary(samples):
+    med, mean = statistics.median(samples), statistics.fmean(samples)
+    flag = "  (median and mean differ by more than 15%)" if abs(mean - med) > 0.15 * med else ""
+    return med, f"median {med:9.2f} us, mean {mean:9.2f} us{flag}"
+
+
+def check(quantized, step_awq, dtype, rotary, tokens, hidden, device, seed):
+    """The AWQ layer's output against the dense layer of its own dequantized weights."""
+    twin = Step(dense_of(quantized), rotary, tokens, hidden, dtype, device, seed)
+    got, want = step_awq().float(), twin().float()
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def host_overhead(device, repeats):
+    """(AWQLinear us per call, linear() us per call): medians, the GPU kept busy."""
+    layer = AWQLinear.from_tensors(*_random_layer(4096, 4096, 128, device))
+    x = torch.randn(1, 4096, device=device, dtype=torch.float16)
+    qw, qz, sc = layer.qweight, layer.qzeros, layer.scales
+    cases = {"AWQLinear": lambda: layer(x),
+             "linear()": lambda: awq.linear(x, qw, qz, sc, None, group_size=128)}
+    with torch.no_grad():
+        for fn in cases.values():
+            for _ in range(3):
+                fn()
+        per_call = {name: [] for name in cases}
+        for rep in range(repeats):
+            for name in list(cases)[rep % 2:] + list(cases)[:rep % 2]:
+                torch.cuda.synchronize(device)
+                torch.cuda._sleep(HOST_SLEEP_CYCLES)
+                busy = torch.cuda.Event()
+                busy.record()
+                t0 = time.perf_counter_ns()
+                for _ in range(HOST_CALLS):
+                    cases[name]()
+                t1 = time.perf_counter_ns()
+                if busy.query():
+                    raise SystemExit("the GPU went idle while the calls were timed: raise "
+                                     "HOST_SLEEP_CYCLES")
+                per_call[name].append((t1 - t0) / 1000.0 / HOST_CALLS)
+        torch.cuda.synchronize(device)
+    return {name: statistics.median(v) for name, v in per_call.items()}
+
+
+def _random_layer(K, N, G, device):
+    gen = torch.Generator().manual_seed(1)
+    words = lambda *s: torch.randint(-2**31, 2**31, s, generator=gen).to(torch.int32)
+    scales = (torch.rand(K // G, N, generator=gen) * 0.01).to(torch.float16)
+    return (words(K, N // 8).to(device), words(K // G, N // 8).to(device), scales.to(device))
+
+
+def main():
+    args = parse_args()
+    device = torch.device(args.device)
+    on_cuda = device.type == "cuda"
+    if on_cuda and not (awq.cuda_available() and torch.cuda.is_available()):
+        raise SystemExit("no usable CUDA device (or awq_fast_dequant was built without CUDA)")
+    dims = TINY if args.tiny else LLAMA3_8B
+    dtype = torch.float16 if on_cuda else torch.float32
+    hidden = dims["hidden_size"]
+    dense, quantized, rotary = build_layers(dims, args.group, dtype, device, args.seed)
+    if on_cuda:
+        timer = CudaTimer(torch, device, max(256 << 20, 2 * torch.cuda.get_device_properties(
+            device).L2_cache_size))
+        where = torch.cuda.get_device_name(device)
+    else:
+        timer, where = CpuTimer(), "CPU"
+    print(f"LlamaDecoderLayer {dims}, G={args.group}, {str(dtype)[6:]}, {where}")
+
+    ratios = {}
+    for phase, tokens in (("decode step", 1), ("prefill", args.prefill)):
+        steps = {"dense": Step(dense, rotary, tokens, hidden, dtype, device, args.seed),
+                 "AWQ": Step(quantized, rotary, tokens, hidden, dtype, device, args.seed)}
+        err = check(quantized, steps["AWQ"], dtype, rotary, tokens, hidden, device, args.seed)
+        samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
+        medians = {}
+        print(f"{phase} ({tokens} token{'s' if tokens > 1 else ''}, "
+              f"{'CUDA graph' if on_cuda else 'eager'}); AWQ output vs its dequantized "
+              f"dense layer: max rel. error {err:.2e}")
+        for name, s in samples.items():
+            medians[name], text = summary(s)
+            print(f"  {name:<6} {text}")
+        ratios[phase] = medians
+    decode, prefill = ratios["decode step"], ratios["prefill"]
+    print(f"decode step ratio (dense / AWQ): {decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
+    print(f"prefill ratio (AWQ / dense): {prefill['AWQ'] / prefill['dense']:.3f}  "
+          f"(target <= 1.10)")
+    if on_cuda:
+        host = host_overhead(device, args.host_repeats)
+        print(f"host us per call, GPU busy (4096x4096, 1 token): AWQLinear "
+              f"{host['AWQLinear']:.2f}, linear() {host['linear()']:.2f}, difference "
+              f"{host['AWQLinear'] - host['linear()']:.2f}  (target <= 3)")
+
+
+if __name__ == "__main__":
+    main()
