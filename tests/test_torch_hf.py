@@ -1,6 +1,6 @@
 """Hugging Face integration: a small Llama quantized with quantize_model, written by its own
 save_pretrained and read back by load_pretrained; what load_pretrained refuses and when;
-the decoder-layer benchmark script on a tiny layer."""
+the decoder-layer benchmark script on a tiny layer; the PyTorch example."""
 
 import copy
 import json
@@ -194,22 +194,28 @@ def test_sharded_checkpoint_with_index(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
-def test_base_model_checkpoint_into_a_model_with_a_head(saved_llama, tmp_path):
-    """Tensors saved by LlamaModel (no 'model.' prefix) load into LlamaForCausalLM's body."""
-    folder, model = saved_llama
+def test_base_model_checkpoint_into_a_model_with_a_head(tmp_path):
+    """Tensors saved by LlamaModel (no 'model.' prefix) load into LlamaForCausalLM, whose
+    lm_head is tied to the embeddings."""
+    model = small_llama(tie=True)
+    quantize_model(model, 128)
     model.model.save_pretrained(tmp_path)
-    body = load_pretrained(tmp_path)
-    assert isinstance(body, transformers.LlamaModel)
+    body_only = load_pretrained(tmp_path)
+    assert isinstance(body_only, transformers.LlamaModel)
+    with_head = load_pretrained(tmp_path, model_class=transformers.LlamaForCausalLM)
+    assert with_head.lm_head.weight is with_head.model.embed_tokens.weight
     ids = prompt()
     with torch.no_grad():
-        assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
+        assert torch.equal(body_only(ids).last_hidden_state, model.model(ids).last_hidden_state)
+        assert torch.equal(with_head(ids).logits, model(ids).logits)
 
 
 def test_model_class_argument(saved_llama):
     folder, model = saved_llama
     auto = load_pretrained(folder, model_class=transformers.AutoModelForCausalLM)
     assert isinstance(auto, transformers.LlamaForCausalLM)
-    body = load_pretrained(folder, model_class=transformers.LlamaModel)  # drops lm_head
+    # the body of a model with a head: names lose the 'model.' prefix, lm_head is not read
+    body = load_pretrained(folder, model_class=transformers.LlamaModel)
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
@@ -365,7 +371,7 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     assert torch.equal(c, b)
 
 
-# --- the benchmark script ---------------------------------------------------------
+# --- the benchmark script and the example -------------------------------------------
 
 def test_decoder_layer_bench_runs_on_a_tiny_layer():
     out = subprocess.run(
@@ -377,3 +383,10 @@ def test_decoder_layer_bench_runs_on_a_tiny_layer():
     assert "prefill ratio (AWQ / dense):" in out.stdout
     errors = [float(e) for e in re.findall(r"max rel\. error (\S+)", out.stdout)]
     assert len(errors) == 2 and max(errors) < 1e-4, out.stdout
+
+
+def test_pytorch_usage_example_runs():
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "pytorch_usage.py")],
+                         capture_output=True, text=True, timeout=600, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith("OK")
