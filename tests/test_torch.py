@@ -278,6 +278,11 @@ def test_eager_forward_calls_the_extension_and_compile_or_grad_the_op(monkeypatc
     assert calls == []  # eager, no grad: C directly, no dispatcher
     y = layer(x.clone().requires_grad_())
     assert calls == [1] and y.requires_grad  # autograd needs the op's backward
+    with torch.no_grad():
+        layer(x.clone().requires_grad_())
+    assert calls == [1]
+    layer.scales.requires_grad_()
+    assert layer(x).requires_grad and calls == [1, 1]
 
 
 def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():
@@ -453,9 +458,10 @@ def test_quantize_model_skip_patterns_and_ties():
 
 def test_quantize_model_shared_module_becomes_one_awq_linear():
     shared = nn.Linear(128, 64)
-    model = nn.ModuleDict({"a": shared, "b": nn.Sequential(shared)})
+    model = nn.ModuleDict({"a": shared, "b": nn.Sequential(shared)}).eval()
     assert quantize_model(model, 128) == []
     assert model["a"] is model["b"][0] and isinstance(model["a"], AWQLinear)
+    assert not model["a"].training  # the mode of the layer it replaces
 
 
 def test_quantize_model_sets_a_hugging_face_style_config():

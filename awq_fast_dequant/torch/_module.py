@@ -99,14 +99,15 @@ class AWQLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(N, dtype=dtype, device=device) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self._buffers
-        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
-            return _ops.linear(x, b["qweight"], b["qzeros"], b["scales"], b["bias"],
-                               self.group_size)
+        b = self._buffers  # one dict lookup instead of four nn.Module.__getattr__ calls
+        scales, bias = b["scales"], b["bias"]
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+                x.requires_grad or scales.requires_grad
+                or (bias is not None and bias.requires_grad))):
+            return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
-        return _linear(x, b["qweight"], b["qzeros"], b["scales"], b["bias"],
-                       group_size=self.group_size)
+        return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> "AWQLinear":
@@ -288,7 +289,7 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",)) -
                 skipped.append((name, reason))
                 new[id(module)] = None
                 continue
-            new[id(module)] = AWQLinear.from_linear(module, G)
+            new[id(module)] = AWQLinear.from_linear(module, G).train(module.training)
             replaced += 1
         if new[id(module)] is not None:
             parent, _, child = name.rpartition(".")
