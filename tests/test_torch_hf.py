@@ -15,7 +15,7 @@ import pytest
 
 import awq_fast_dequant as awq
 
-from conftest import child_env
+from conftest import assert_linear_close, child_env
 
 torch = pytest.importorskip("torch", reason="needs torch")
 transformers = pytest.importorskip(
@@ -68,6 +68,26 @@ def prompt(device="cpu"):
 def generate(model, ids, new_tokens=NEW_TOKENS, **kw):
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                           do_sample=False, pad_token_id=0, **kw)
+
+
+def every_layer_within_linear_tolerance(model, ids):
+    """Runs model on ids and checks each AWQLinear's output against the float64 reference
+    of its own input: the tolerance of linear(), layer by layer. Returns the layer count."""
+    seen = []
+
+    def hook(layer, inputs, output):
+        seen.append((layer, inputs[0].detach().clone(), output.detach().clone()))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, AWQLinear)]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    for layer, x, y in seen:
+        assert_linear_close(y, x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
+    return len(seen)
 
 
 def logits_within_linear_tolerance(got, dense_model, ids):
@@ -127,7 +147,8 @@ def test_load_pretrained_round_trip_logits_and_generate(saved_llama, capsys):
     assert not any(t.is_meta for t in loaded.state_dict().values())
 
     ids = prompt()
-    twin = dense_twin(model)
+    twin = dense_twin(loaded)
+    assert every_layer_within_linear_tolerance(loaded, ids) == 14
     with torch.no_grad():
         got = loaded(ids).logits
     err, share = logits_within_linear_tolerance(got, twin, ids)
@@ -348,17 +369,21 @@ def test_parameters_on_meta_only_in_its_thread():
 def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     model = small_llama(dtype=dtype).cuda()
     quantize_model(model, 128)
-    model.save_pretrained(tmp_path)
+    folder = tmp_path / "ckpt"
+    model.save_pretrained(folder)
     before = torch.cuda.memory_allocated()
-    with pytest.raises(ValueError):
-        load_pretrained(edited_copy(tmp_path, tmp_path / "bad", config={"bits": 3}),
-                        device="cuda")
-    assert torch.cuda.memory_allocated() == before  # refused before any allocation
-    loaded = load_pretrained(tmp_path, device="cuda")
+    bad_config = edited_copy(folder, tmp_path / "bits", config={"bits": 3})
+    missing = edited_copy(folder, tmp_path / "missing", drop=["model.norm.weight"])
+    for bad in (bad_config, missing):
+        with pytest.raises(ValueError):
+            load_pretrained(bad, device="cuda")
+        assert torch.cuda.memory_allocated() == before  # refused before any allocation
+    loaded = load_pretrained(folder, device="cuda")
     assert loaded.model.layers[0].mlp.up_proj.qweight.is_cuda
     assert loaded.model.rotary_emb.inv_freq.is_cuda
     ids = prompt("cuda")
-    twin = dense_twin(model)
+    twin = dense_twin(loaded)
+    assert every_layer_within_linear_tolerance(loaded, ids) == 14
     with torch.no_grad():
         logits_within_linear_tolerance(loaded(ids).logits, twin, ids)
     a = generate(loaded, ids)
