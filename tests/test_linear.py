@@ -406,7 +406,8 @@ def test_cuda_devices_differ(rng):
     torch = pytest.importorskip("torch")
     tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, 2, 64, 16, 32, "float32"), "cuda",
                                 "float16")
-    with pytest.raises(ValueError, match="all tensors must be on one device: x is on cuda:0"):
+    with pytest.raises(ValueError, match="all tensors must be on one device: x is on cpu but "
+                                         "qweight is on cuda:0"):
         awq.linear(tx.cpu(), tqw, tqz, tsc, tb)
     with pytest.raises(ValueError, match="bias is on cpu"):
         awq.linear(tx, tqw, tqz, tsc, tb.cpu())
