@@ -50,6 +50,14 @@ const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "
  * were written (at most cap). */
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
+/* The fused linear's search space (cpu/linear.c): the default (threads =
+ * chunk = 0) first, then threads in {1, 2, 4, ... < max, max} times chunk
+ * in {64, 128, 256, 512, 1024} columns, without chunks past the one that
+ * already covers N and without more threads than work items.  Every
+ * configuration gives the same bits.  Returns how many were written (at
+ * most cap). */
+int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
+
 /* Optional ctx of awq_cpu_time (NULL: warmup 1, runs 3, budget_us 20000). */
 typedef struct {
     int warmup;       /* untimed runs first */

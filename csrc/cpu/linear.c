@@ -1,0 +1,592 @@
+/*
+ * cpu/linear.c -- the fused W4A16 linear on the host (DESIGN.md section 7):
+ *
+ *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
+ *
+ * W[k, n] is dequantize's value in x's dtype, widened to float32:
+ * round_to_dtype( float32(q - z) * float32(scale) ).  It is computed from
+ * the packed words in registers and never stored, so a NaN or Inf scale
+ * reaches y exactly as it would through dequantize and a matmul.
+ *
+ * The order of the sums is fixed by the problem alone.  K is cut into
+ * blocks: each group into runs of LINEAR_KB rows (the last one shorter).
+ * The products of a block are added in row order to a partial sum that
+ * starts at +0; the partials are added in block order to a total that
+ * starts at +0; the bias is added to the total; one rounding.  Every
+ * product and every sum is a separate float32 operation (never fused), in
+ * the vector path and the scalar path alike, so both give the same bits
+ * for every chunk size and thread count.  Blocking the sum also keeps its
+ * error near (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
+ *
+ * Work: the output columns are cut into chunks (c->chunk columns) and the
+ * rows of x into blocks of up to LINEAR_MB rows; one work item is one
+ * (chunk, row block) and sweeps all of K, so each thread owns its output
+ * elements and no sum is ever split between threads.  Inside an item:
+ *   for each group:  expand the group's zero points and scales for the
+ *                    chunk once, as float32
+ *     for each block of rows k:
+ *       for each tile of 64 columns (8 packed words per row):
+ *         sum the block into registers, then add it to the chunk's totals
+ * Each packed word is read from memory once per item; a block of one
+ * tile (LINEAR_KB x 32 bytes) stays in L1 while the register passes below
+ * re-read it.
+ *
+ * Pure C: no Python object is touched, so callers release the GIL.
+ */
+#include "cpu/convert.h"
+#include "cpu/cpu.h"
+
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define AWQ_X86_DISPATCH 1
+#include <immintrin.h>
+#endif
+
+enum {
+    LINEAR_KB = 64,     /* rows of K per block of the sum */
+    LINEAR_MB = 4,      /* rows of x per work item: their accumulators fit in registers */
+    LINEAR_TILE = 64,   /* columns of one vector tile: 8 packed words */
+    LINEAR_ALIGN = 64,  /* scratch alignment: one cache line */
+};
+
+/* The default chunk: the largest of these that still gives every thread a
+ * few items to balance (a chunk's rows are read as runs of chunk / 2
+ * bytes, and longer runs stream better). */
+#define LINEAR_CHUNK_MAX 512
+#define LINEAR_CHUNK_MIN 64
+#define LINEAR_ITEMS_PER_THREAD 4
+
+/* ---- one call's plan and one thread's scratch ---- */
+
+typedef struct {
+    const awq_linear_problem *p;
+    const float *x;   /* [M, K] float32: x itself, or its exact conversion */
+    int64_t chunk;    /* output columns per item, a multiple of 8 */
+    int64_t width;    /* scratch columns: chunk rounded up to LINEAR_TILE */
+    int64_t chunks;   /* items along N */
+    int64_t blocks;   /* items along M */
+    int vector;       /* 1: AVX2 + F16C path */
+} plan;
+
+typedef struct {
+    float *zero;    /* [width] the group's zero points (vector path: offset, see below) */
+    float *scale;   /* [width] the group's scales */
+    float *total;   /* [LINEAR_MB][width] the sums so far */
+    float *part;    /* [LINEAR_MB][width] scalar path: the current block's sums */
+    uint32_t *tail; /* [LINEAR_KB][8] vector path: a partial tile's words, zero-padded */
+} scratch;
+
+static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LINEAR_MB); }
+
+static size_t scratch_bytes(int64_t width)
+{
+    size_t b = scratch_floats(width) * sizeof(float) + LINEAR_KB * 8 * sizeof(uint32_t);
+    return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+}
+
+static scratch scratch_at(char *base, int64_t width)
+{
+    float *f = (float *)base;
+    scratch s;
+    s.zero = f;
+    s.scale = f + width;
+    s.total = f + 2 * width;
+    s.part = f + (2 + LINEAR_MB) * width;
+    s.tail = (uint32_t *)(f + scratch_floats(width));
+    return s;
+}
+
+/* W's value in the dtype, widened back to float32. */
+static inline float round_to(float v, awq_dtype t)
+{
+    switch (t) {
+    case AWQ_F16: return half_to_float(float_to_half(v));
+    case AWQ_BF16: return bits_f32((uint32_t)float_to_bf16(v) << 16);
+    default: return v;
+    }
+}
+
+/* Column j (0..7) of a tile's word c (0..7) sits at lane c of vector
+ * AWQ_NIBBLE(j) in the vector path's scratch (see "tiles" below); the
+ * scalar path keeps column order. */
+static inline int64_t tile_pos(int64_t col)
+{
+    return col / LINEAR_TILE * LINEAR_TILE + 8 * AWQ_NIBBLE(col % 8) + col % LINEAR_TILE / 8;
+}
+
+/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias). */
+static void finish(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0, int mb)
+{
+    const awq_linear_problem *p = pl->p;
+    for (int m = 0; m < mb; m++) {
+        const float *total = s->total + m * pl->width;
+        int64_t row = (m0 + m) * p->N + n0;
+        for (int64_t n = 0; n < cols; n++) {
+            float v = total[pl->vector ? tile_pos(n) : n];
+            if (p->bias)
+                v += load_scale(p->bias, n0 + n, p->dtype);
+            switch (p->dtype) {
+            case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
+            case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
+            default: ((float *)p->y)[row + n] = v; break;
+            }
+        }
+    }
+}
+
+/* ---- the scalar path ---- */
+
+static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
+                        int mb)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t K = p->K, N = p->N, G = p->G, words = N / 8, w0 = n0 / 8;
+    for (int64_t i = 0; i < mb * pl->width; i++)
+        s->total[i] = 0.0f;
+    for (int64_t g = 0; g < K / G; g++) {
+        const uint32_t *zrow = p->qzeros + g * words + w0;
+        for (int64_t n = 0; n < cols; n++) {
+            s->zero[n] = (float)((zrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
+            s->scale[n] = load_scale(p->scales, g * N + n0 + n, p->dtype);
+        }
+        for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
+            int64_t b1 = b0 + LINEAR_KB < (g + 1) * G ? b0 + LINEAR_KB : (g + 1) * G;
+            for (int64_t i = 0; i < mb * pl->width; i++)
+                s->part[i] = 0.0f;
+            for (int64_t k = b0; k < b1; k++) {
+                const uint32_t *qrow = p->qweight + k * words + w0;
+                for (int64_t n = 0; n < cols; n++) {
+                    float q = (float)((qrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
+                    /* q - z is exact in float32, as the integer difference is */
+                    float w = round_to((q - s->zero[n]) * s->scale[n], p->dtype);
+                    for (int m = 0; m < mb; m++)
+                        s->part[m * pl->width + n] += pl->x[(m0 + m) * K + k] * w;
+                }
+            }
+            for (int64_t i = 0; i < mb * pl->width; i++)
+                s->total[i] += s->part[i];
+        }
+    }
+    finish(pl, s, n0, cols, m0, mb);
+}
+
+/* ---- the vector path (AVX2 + F16C) ----
+ *
+ * Tiles.  A tile is 8 consecutive packed words of one row (64 columns),
+ * loaded as one vector: lane c holds word c.  Nibble i of every lane is
+ * column 8c + ORDER[i] of the tile, so "nibble i of all 8 words" is one
+ * vector of 8 columns and needs no per-lane shift.  The scratch keeps each
+ * tile's zero points, scales and totals in that order: vector i (floats
+ * 8i .. 8i + 7 of the tile) holds columns 8c + ORDER[i], c = 0..7.
+ *
+ *     word c:   | n7 | n6 | n5 | n4 | n3 | n2 | n1 | n0 |   (nibble i = bits 4i..4i+3)
+ *     vector i of the tile = nibble i of words 0..7 = columns ORDER[i], 8 + ORDER[i], ...
+ *
+ * q - z without a conversion.  Nibble i, masked in place at bit 4p (p its
+ * position after an optional shift), ORed into the float32 2^(23 - 4p),
+ * is the float 2^(23 - 4p) + q exactly (the nibble lands in the mantissa
+ * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
+ * gives q - z, exactly (both are integers below 2^24).  Nibbles 0..4 are
+ * used in place (p = i); 5 and 6 after a shift of the word by 12 (p = 2,
+ * 3); 7 after a shift by 28 (p = 0, nothing above it to mask). */
+
+#ifdef AWQ_X86_DISPATCH
+
+/* Position of nibble i after its shift (see above), and its offset 2^(23 - 4p). */
+static inline int nibble_pos(int i) { return i <= 4 ? i : i == 7 ? 0 : i - 3; }
+static inline float nibble_offset(int i) { return (float)(1 << (23 - 4 * nibble_pos(i))); }
+
+/* The group's zero points and scales of columns [n0, n0 + cols) in tile
+ * order; the lanes past cols get zero point 0 and scale 0, so that their
+ * (zero-padded) words give W = 0 and never a NaN. */
+__attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
+                                                             int64_t g, int64_t n0, int64_t cols)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t N = p->N, words = N / 8;
+    const uint32_t *zrow = p->qzeros + g * words + n0 / 8;
+    for (int64_t t0 = 0; t0 < cols; t0 += LINEAR_TILE) {
+        float *zero = s->zero + t0, *scale = s->scale + t0;
+        if (t0 + LINEAR_TILE <= cols) {
+            /* zero points: nibble i of the 8 words is vector i already */
+            __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8));
+            for (int i = 0; i < 8; i++) {
+                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
+                _mm256_storeu_ps(zero + 8 * i, _mm256_add_ps(_mm256_cvtepi32_ps(z),
+                                                             _mm256_set1_ps(nibble_offset(i))));
+            }
+            /* scales: 8 rows (words) of 8 columns, transposed so that
+             * column j of every word lands in vector AWQ_NIBBLE(j) */
+            __m256 r[8];
+            for (int c = 0; c < 8; c++) {
+                int64_t at = g * N + n0 + t0 + 8 * c;
+                if (p->dtype == AWQ_F16)
+                    r[c] = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)((const uint16_t *)p->scales + at)));
+                else if (p->dtype == AWQ_BF16)
+                    r[c] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_cvtepu16_epi32(
+                            _mm_loadu_si128((const __m128i *)((const uint16_t *)p->scales + at))),
+                        16));
+                else
+                    r[c] = _mm256_loadu_ps((const float *)p->scales + at);
+            }
+            __m256 a[8], b[8];
+            for (int c = 0; c < 8; c += 2) {
+                a[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+                a[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+            }
+            for (int c = 0; c < 8; c += 4) {
+                b[c] = _mm256_shuffle_ps(a[c], a[c + 2], 0x44);
+                b[c + 1] = _mm256_shuffle_ps(a[c], a[c + 2], 0xEE);
+                b[c + 2] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0x44);
+                b[c + 3] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0xEE);
+            }
+            /* b[0..3] hold columns 0..3 (and 4..7 in their high halves) of
+             * words 0..3, b[4..7] the same for words 4..7 */
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(scale + 8 * AWQ_NIBBLE(j), _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
+                _mm256_storeu_ps(scale + 8 * AWQ_NIBBLE(j + 4),
+                                 _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
+            }
+        } else {
+            for (int i = 0; i < 8; i++)
+                for (int c = 0; c < 8; c++) {
+                    zero[8 * i + c] = nibble_offset(i);
+                    scale[8 * i + c] = 0.0f;
+                }
+            for (int64_t col = t0; col < cols; col++) {
+                int64_t at = tile_pos(col) - t0;
+                zero[at] = nibble_offset(AWQ_NIBBLE(col % 8)) +
+                           (float)((zrow[col / 8] >> (4 * AWQ_NIBBLE(col % 8))) & 0xFu);
+                scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
+            }
+        }
+    }
+}
+
+/* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
+ * block (nk of them, `stride` words apart), mb rows of x.  The partial
+ * sums live in registers and are added to the totals at the end.  Called
+ * with constant mb, i0, np and t, so that every loop below unrolls and
+ * acc[][] becomes registers. */
+static inline __attribute__((always_inline, target("avx2,f16c"))) void
+pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+          const float *zero, const float *scale, float *total, int64_t width, const int mb,
+          const int i0, const int np, const awq_dtype t)
+{
+    __m256 acc[LINEAR_MB][8];
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 8
+        for (int i = 0; i < np; i++)
+            acc[m][i] = _mm256_setzero_ps();
+
+    for (int64_t k = 0; k < nk; k++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
+        const __m256i w12 = _mm256_srli_epi32(w, 12);
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int i = i0; i < i0 + np; i++) {
+            __m256i bits;
+            if (i == 7)
+                bits = _mm256_srli_epi32(w, 28);
+            else
+                bits = _mm256_and_si256(i <= 4 ? w : w12, _mm256_set1_epi32(0xF << (4 * nibble_pos(i))));
+            bits = _mm256_or_si256(bits, _mm256_castps_si256(_mm256_set1_ps(nibble_offset(i))));
+            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_loadu_ps(zero + 8 * i));
+            __m256 e = _mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i));
+            if (t == AWQ_F16) {
+                e = _mm256_cvtph_ps(_mm256_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            } else if (t == AWQ_BF16) {
+                /* round to nearest even at bit 16.  A NaN here is always
+                 * a bfloat16 NaN (the scale's, or the default NaN of
+                 * Inf * 0), whose low 16 bits are zero: the addition
+                 * cannot carry out of them, and it stays a NaN. */
+                __m256i b = _mm256_castps_si256(e);
+                __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+                b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
+                e = _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
+            }
+            v[i - i0] = e;
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < mb; m++) {
+            const __m256 xm = _mm256_broadcast_ss(x + m * K + k);
+#pragma GCC unroll 8
+            for (int i = 0; i < np; i++)
+                acc[m][i] = _mm256_add_ps(acc[m][i], _mm256_mul_ps(xm, v[i]));
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 8
+        for (int i = 0; i < np; i++) {
+            float *at = total + m * width + 8 * (i0 + i);
+            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][i]));
+        }
+}
+
+/* One block of one tile for mb rows: 8 / np passes of np nibbles, with
+ * np chosen so that the mb x np accumulators fit in the 16 registers. */
+static inline __attribute__((always_inline, target("avx2,f16c"))) void
+tile_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+          const float *zero, const float *scale, float *total, int64_t width, const int mb,
+          const awq_dtype t)
+{
+    const int np = mb == 1 ? 8 : mb == 2 ? 4 : 2;
+#pragma GCC unroll 8
+    for (int i0 = 0; i0 < 8; i0 += np)
+        pass_avx2(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+}
+
+typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
+                        const float *, float *, int64_t);
+
+#define TILE_FN(name, MB, T)                                                                      \
+    __attribute__((target("avx2,f16c"))) static void name(                                       \
+        const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,               \
+        const float *zero, const float *scale, float *total, int64_t width)                      \
+    {                                                                                             \
+        tile_avx2(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                        \
+    }
+
+TILE_FN(tile_f16_1, 1, AWQ_F16)
+TILE_FN(tile_f16_2, 2, AWQ_F16)
+TILE_FN(tile_f16_3, 3, AWQ_F16)
+TILE_FN(tile_f16_4, 4, AWQ_F16)
+TILE_FN(tile_bf16_1, 1, AWQ_BF16)
+TILE_FN(tile_bf16_2, 2, AWQ_BF16)
+TILE_FN(tile_bf16_3, 3, AWQ_BF16)
+TILE_FN(tile_bf16_4, 4, AWQ_BF16)
+TILE_FN(tile_f32_1, 1, AWQ_F32)
+TILE_FN(tile_f32_2, 2, AWQ_F32)
+TILE_FN(tile_f32_3, 3, AWQ_F32)
+TILE_FN(tile_f32_4, 4, AWQ_F32)
+
+static tile_fn pick_tile(awq_dtype t, int mb)
+{
+    static const tile_fn fns[AWQ_NUM_DTYPES][LINEAR_MB] = {
+        {tile_f16_1, tile_f16_2, tile_f16_3, tile_f16_4},
+        {tile_bf16_1, tile_bf16_2, tile_bf16_3, tile_bf16_4},
+        {tile_f32_1, tile_f32_2, tile_f32_3, tile_f32_4},
+    };
+    return fns[t][mb - 1];
+}
+
+static void item_avx2(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
+                      int mb)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t K = p->K, G = p->G, words = p->N / 8;
+    const tile_fn tile = pick_tile(p->dtype, mb);
+    const float *x = pl->x + m0 * K;
+    for (int64_t i = 0; i < mb * pl->width; i++)
+        s->total[i] = 0.0f;
+    for (int64_t g = 0; g < K / G; g++) {
+        expand_avx2(pl, s, g, n0, cols);
+        for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
+            int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
+            const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
+            for (int64_t t0 = 0; t0 < cols; t0 += LINEAR_TILE) {
+                if (t0 + LINEAR_TILE <= cols) {
+                    tile(qw + t0 / 8, words, nk, x + b0, K, s->zero + t0, s->scale + t0,
+                         s->total + t0, pl->width);
+                } else {
+                    /* a partial tile: its words, padded with zeros to 8 */
+                    int64_t nw = (cols - t0) / 8;
+                    for (int64_t k = 0; k < nk; k++)
+                        for (int64_t c = 0; c < 8; c++)
+                            s->tail[8 * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
+                    tile(s->tail, 8, nk, x + b0, K, s->zero + t0, s->scale + t0, s->total + t0,
+                         pl->width);
+                }
+            }
+        }
+    }
+    finish(pl, s, n0, cols, m0, mb);
+}
+
+/* x in float32, converted with F16C (exact, as the scalar conversion). */
+__attribute__((target("avx2,f16c"))) static void widen_avx2(const void *src, float *dst,
+                                                            int64_t n, awq_dtype t)
+{
+    const uint16_t *h = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        __m256 f = t == AWQ_F16 ? _mm256_cvtph_ps(v)
+                                : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        _mm256_storeu_ps(dst + i, f);
+    }
+    for (; i < n; i++)
+        dst[i] = load_scale(src, i, t);
+}
+
+#endif /* AWQ_X86_DISPATCH */
+
+static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dtype t)
+{
+#ifdef AWQ_X86_DISPATCH
+    if (pl->vector) {
+        widen_avx2(src, dst, n, t);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = load_scale(src, i, t);
+}
+
+/* Work item i: chunk i % chunks of the columns, row block i / chunks. */
+static void run_item(const plan *pl, const scratch *s, int64_t i)
+{
+    const awq_linear_problem *p = pl->p;
+    int64_t n0 = i % pl->chunks * pl->chunk;
+    int64_t cols = n0 + pl->chunk < p->N ? pl->chunk : p->N - n0;
+    int64_t m0 = i / pl->chunks * LINEAR_MB;
+    int mb = (int)(m0 + LINEAR_MB < p->M ? LINEAR_MB : p->M - m0);
+#ifdef AWQ_X86_DISPATCH
+    if (pl->vector) {
+        item_avx2(pl, s, n0, cols, m0, mb);
+        return;
+    }
+#endif
+    item_scalar(pl, s, n0, cols, m0, mb);
+}
+
+static int64_t default_chunk(int64_t N, int threads)
+{
+    int64_t chunk = LINEAR_CHUNK_MAX;
+    while (chunk > LINEAR_CHUNK_MIN && (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
+        chunk /= 2;
+    return chunk;
+}
+
+awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
+{
+    if (c->threads < 0 || c->chunk < 0 || c->chunk % 8 != 0 ||
+        (c->kernel != AWQ_KERNEL_AUTO && c->kernel != AWQ_KERNEL_CPU))
+        return AWQ_ERR_CONFIG;
+    if (p->M <= 0 || p->N <= 0)
+        return AWQ_OK;
+    if (p->K == 0) { /* an empty sum: y = bias, or zeros */
+        for (int64_t m = 0; m < p->M; m++) {
+            for (int64_t n = 0; n < p->N; n++) {
+                float v = p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f;
+                int64_t o = m * p->N + n;
+                switch (p->dtype) {
+                case AWQ_F16: ((uint16_t *)p->y)[o] = float_to_half(v); break;
+                case AWQ_BF16: ((uint16_t *)p->y)[o] = float_to_bf16(v); break;
+                default: ((float *)p->y)[o] = v; break;
+                }
+            }
+        }
+        return AWQ_OK;
+    }
+
+    int threads = awq_cpu_threads(c->threads);
+    plan pl = {.p = p};
+#ifdef AWQ_X86_DISPATCH
+    pl.vector = awq_cpu_use_avx2();
+#endif
+    /* A hand-edited autotune entry may ask for more columns than N: clamp,
+     * so that the scratch stays the size of the work. */
+    pl.chunk = c->chunk > 0 ? c->chunk : default_chunk(p->N, threads);
+    if (pl.chunk > p->N)
+        pl.chunk = p->N;
+    pl.width = (pl.chunk + LINEAR_TILE - 1) / LINEAR_TILE * LINEAR_TILE;
+    pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
+    pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
+    const int64_t items = pl.chunks * pl.blocks;
+    if (threads > items)
+        threads = (int)items;
+    if (threads < 1)
+        threads = 1;
+
+    /* Everything is allocated here, before any thread starts: x in float32
+     * (unless it already is) and one scratch per thread. */
+    size_t per = scratch_bytes(pl.width);
+    size_t xbytes = 0;
+    if (p->dtype != AWQ_F32) {
+        if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
+            return AWQ_ERR_NOMEM;
+        xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
+        xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+    }
+    if ((size_t)threads > (SIZE_MAX - xbytes) / per)
+        return AWQ_ERR_NOMEM;
+    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + per * (size_t)threads);
+    if (mem == NULL)
+        return AWQ_ERR_NOMEM;
+    if (p->dtype == AWQ_F32) {
+        pl.x = p->x;
+    } else {
+        widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
+        pl.x = (const float *)mem;
+    }
+    char *scratch_mem = mem + xbytes;
+
+    if (threads == 1) { /* also every forked child (cpu/platform.c) */
+        scratch s = scratch_at(scratch_mem, pl.width);
+        for (int64_t i = 0; i < items; i++)
+            run_item(&pl, &s, i);
+    }
+#ifdef _OPENMP
+    else {
+#pragma omp parallel num_threads(threads)
+        {
+            scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
+            /* items are equal work; the schedule decides only who does
+             * which, never the order of any sum */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < items; i++)
+                run_item(&pl, &s, i);
+        }
+    }
+#endif
+    free(mem);
+    return AWQ_OK;
+}
+
+/* ---- tuning ---- */
+
+int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
+{
+    static const int64_t chunks[] = {64, 128, 256, 512, 1024};
+    if (!configs || cap <= 0)
+        return 0;
+    int n = 0;
+    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
+    if (!p || p->N <= 0 || p->M <= 0)
+        return n;
+
+    int max_threads = awq_cpu_max_threads();
+    if (max_threads < 1)
+        max_threads = 1;
+    int threads[34], nt = 0;
+    for (int t = 1; t < max_threads && nt < 32; t *= 2)
+        threads[nt++] = t;
+    threads[nt++] = max_threads;
+
+    const int64_t blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
+    for (int ti = 0; ti < nt; ti++) {
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            if (ci > 0 && chunks[ci - 1] >= p->N)
+                break; /* the previous chunk already held all of N */
+            int64_t items = (p->N + chunks[ci] - 1) / chunks[ci] * blocks;
+            if (threads[ti] > 1 && threads[ti] > items)
+                continue; /* some threads would have nothing to do */
+            if (n == cap)
+                return n;
+            configs[n++] = (awq_config){
+                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
+        }
+    }
+    return n;
+}
