@@ -191,21 +191,22 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * position after an optional shift), ORed into the float32 2^(23 - 4p),
  * is the float 2^(23 - 4p) + q exactly (the nibble lands in the mantissa
  * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
- * gives q - z, exactly (both are integers below 2^24).  Nibbles 0..4 are
- * used in place (p = i); 5 and 6 after a shift of the word by 12 (p = 2,
- * 3); 7 after a shift by 28 (p = 0, nothing above it to mask). */
+ * gives q - z, exactly (both are integers below 2^24).  A register pass
+ * handles np consecutive nibbles i0 .. i0 + np - 1 (np <= 4) of the word
+ * shifted right by 4 i0, so nibble i sits at position p = i % np, and the
+ * pass needs only np masks and np offsets, kept in registers. */
 
 #ifdef AWQ_X86_DISPATCH
 
-/* Position of nibble i after its shift (see above), and its offset 2^(23 - 4p). */
-static inline int nibble_pos(int i) { return i <= 4 ? i : i == 7 ? 0 : i - 3; }
-static inline float nibble_offset(int i) { return (float)(1 << (23 - 4 * nibble_pos(i))); }
+/* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
+static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
 /* The group's zero points and scales of columns [n0, n0 + cols) in tile
  * order; the lanes past cols get zero point 0 and scale 0, so that their
  * (zero-padded) words give W = 0 and never a NaN. */
 __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
-                                                             int64_t g, int64_t n0, int64_t cols)
+                                                             int64_t g, int64_t n0, int64_t cols,
+                                                             int np)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t N = p->N, words = N / 8;
@@ -218,7 +219,7 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
             for (int i = 0; i < 8; i++) {
                 __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
                 _mm256_storeu_ps(zero + 8 * i, _mm256_add_ps(_mm256_cvtepi32_ps(z),
-                                                             _mm256_set1_ps(nibble_offset(i))));
+                                                             _mm256_set1_ps(nibble_offset(i % np))));
             }
             /* scales: 8 rows (words) of 8 columns, transposed so that
              * column j of every word lands in vector AWQ_NIBBLE(j) */
@@ -257,12 +258,12 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
         } else {
             for (int i = 0; i < 8; i++)
                 for (int c = 0; c < 8; c++) {
-                    zero[8 * i + c] = nibble_offset(i);
+                    zero[8 * i + c] = nibble_offset(i % np);
                     scale[8 * i + c] = 0.0f;
                 }
             for (int64_t col = t0; col < cols; col++) {
                 int64_t at = tile_pos(col) - t0;
-                zero[at] = nibble_offset(AWQ_NIBBLE(col % 8)) +
+                zero[at] = nibble_offset(AWQ_NIBBLE(col % 8) % np) +
                            (float)((zrow[col / 8] >> (4 * AWQ_NIBBLE(col % 8))) & 0xFu);
                 scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
             }
@@ -270,35 +271,54 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
     }
 }
 
+/* Nibbles per register pass for mb rows of x: the mb x np accumulators,
+ * the 2 np constants of the nibble positions, the word, its shifted copy
+ * and x's broadcast fit in the 16 vector registers. */
+static inline int pass_nibbles(int mb) { return mb == 1 ? 4 : 2; }
+
 /* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
- * block (nk of them, `stride` words apart), mb rows of x.  The partial
- * sums live in registers and are added to the totals at the end.  Called
- * with constant mb, i0, np and t, so that every loop below unrolls and
- * acc[][] becomes registers. */
+ * block (nk of them, `stride` words apart), mb rows of x.  The word is
+ * shifted right by 4 i0 so that nibble i0 + j sits at position j.  The
+ * partial sums live in registers and are added to the totals at the end.
+ * Called with constant mb, i0, np and t, so that every loop below unrolls
+ * and acc[][] becomes registers. */
 static inline __attribute__((always_inline, target("avx2,f16c"))) void
 pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
           const float *zero, const float *scale, float *total, int64_t width, const int mb,
           const int i0, const int np, const awq_dtype t)
 {
     __m256 acc[LINEAR_MB][8];
+    __m256i mask[8];
+    __m256 offset[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < np; j++) {
+        mask[j] = _mm256_set1_epi32(0xF << (4 * j));
+        offset[j] = _mm256_set1_ps(nibble_offset(j));
+    }
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
 #pragma GCC unroll 8
-        for (int i = 0; i < np; i++)
-            acc[m][i] = _mm256_setzero_ps();
+        for (int j = 0; j < np; j++)
+            acc[m][j] = _mm256_setzero_ps();
 
     for (int64_t k = 0; k < nk; k++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
-        const __m256i w12 = _mm256_srli_epi32(w, 12);
-        __m256 v[8];
+        /* the same tile row one block ahead, into L2 (where a chunk's
+         * block of rows fits) while this block computes: a chunk reads
+         * short runs of many rows, which the hardware prefetchers alone
+         * follow poorly.  A prefetch never faults, past the end included. */
+        if (i0 == 0)
+            _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
+        __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
+        if (i0 > 0)
+            w = _mm256_srli_epi32(w, 4 * i0);
+        __m256 xm[LINEAR_MB];
+#pragma GCC unroll 4
+        for (int m = 0; m < mb; m++)
+            xm[m] = _mm256_broadcast_ss(x + m * K + k);
 #pragma GCC unroll 8
-        for (int i = i0; i < i0 + np; i++) {
-            __m256i bits;
-            if (i == 7)
-                bits = _mm256_srli_epi32(w, 28);
-            else
-                bits = _mm256_and_si256(i <= 4 ? w : w12, _mm256_set1_epi32(0xF << (4 * nibble_pos(i))));
-            bits = _mm256_or_si256(bits, _mm256_castps_si256(_mm256_set1_ps(nibble_offset(i))));
+        for (int j = 0; j < np; j++) {
+            const int i = i0 + j;
+            __m256i bits = _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
             __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_loadu_ps(zero + 8 * i));
             __m256 e = _mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i));
             if (t == AWQ_F16) {
@@ -313,34 +333,28 @@ pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_
                 b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
                 e = _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
             }
-            v[i - i0] = e;
-        }
 #pragma GCC unroll 4
-        for (int m = 0; m < mb; m++) {
-            const __m256 xm = _mm256_broadcast_ss(x + m * K + k);
-#pragma GCC unroll 8
-            for (int i = 0; i < np; i++)
-                acc[m][i] = _mm256_add_ps(acc[m][i], _mm256_mul_ps(xm, v[i]));
+            for (int m = 0; m < mb; m++)
+                acc[m][j] = _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
         }
     }
 
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
 #pragma GCC unroll 8
-        for (int i = 0; i < np; i++) {
-            float *at = total + m * width + 8 * (i0 + i);
-            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][i]));
+        for (int j = 0; j < np; j++) {
+            float *at = total + m * width + 8 * (i0 + j);
+            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][j]));
         }
 }
 
-/* One block of one tile for mb rows: 8 / np passes of np nibbles, with
- * np chosen so that the mb x np accumulators fit in the 16 registers. */
+/* One block of one tile for mb rows: 8 / np passes of np nibbles. */
 static inline __attribute__((always_inline, target("avx2,f16c"))) void
 tile_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
           const float *zero, const float *scale, float *total, int64_t width, const int mb,
           const awq_dtype t)
 {
-    const int np = mb == 1 ? 8 : mb == 2 ? 4 : 2;
+    const int np = pass_nibbles(mb);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
         pass_avx2(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
@@ -390,7 +404,7 @@ static void item_avx2(const plan *pl, const scratch *s, int64_t n0, int64_t cols
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
     for (int64_t g = 0; g < K / G; g++) {
-        expand_avx2(pl, s, g, n0, cols);
+        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb));
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
             const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
