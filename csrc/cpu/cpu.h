@@ -25,6 +25,10 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
  * default).  Deterministic: the order of every sum is fixed by the problem
  * and the configuration, never by the threads' timing. */
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
+/* The vector path the fused linear takes on this CPU: "avx512f+f16c",
+ * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR=1 forces it).
+ * Every path gives the same bits. */
+const char *awq_cpu_linear_simd(void);
 
 /* ---- the platform (cpu/platform.c) ---- */
 

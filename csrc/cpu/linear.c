@@ -13,9 +13,10 @@
  * The products of a block are added in row order to a partial sum that
  * starts at +0; the partials are added in block order to a total that
  * starts at +0; the bias is added to the total; one rounding.  Every
- * product and every sum is a separate float32 operation (never fused), in
- * the vector path and the scalar path alike, so both give the same bits
- * for every chunk size and thread count.  Blocking the sum also keeps its
+ * product is rounded to float32 before it is added, in the vector paths
+ * and the scalar path alike (see "fused" below for the one form that
+ * differs without changing a bit), so all of them give the same bits for
+ * every chunk size and thread count.  Blocking the sum also keeps its
  * error near (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
  *
  * Work: the output columns are cut into chunks (c->chunk columns) and the
@@ -25,11 +26,11 @@
  *   for each group:  expand the group's zero points and scales for the
  *                    chunk once, as float32
  *     for each block of rows k:
- *       for each tile of 64 columns (8 packed words per row):
+ *       for each tile of 64 or 128 columns (8 or 16 packed words per row):
  *         sum the block into registers, then add it to the chunk's totals
  * Each packed word is read from memory once per item; a block of one
- * tile (LINEAR_KB x 32 bytes) stays in L1 while the register passes below
- * re-read it.
+ * tile (LINEAR_KB x 32 or 64 bytes) stays in L1 while the register passes
+ * below re-read it.
  *
  * Pure C: no Python object is touched, so callers release the GIL.
  */
@@ -48,10 +49,10 @@
 #endif
 
 enum {
-    LINEAR_KB = 64,     /* rows of K per block of the sum */
-    LINEAR_MB = 4,      /* rows of x per work item: their accumulators fit in registers */
-    LINEAR_TILE = 64,   /* columns of one vector tile: 8 packed words */
-    LINEAR_ALIGN = 64,  /* scratch alignment: one cache line */
+    LINEAR_KB = 64,        /* rows of K per block of the sum */
+    LINEAR_MB = 4,         /* rows of x per work item: their accumulators fit in registers */
+    LINEAR_LANES_MAX = 16, /* packed words per vector tile: 8 (AVX2) or 16 (AVX-512) */
+    LINEAR_ALIGN = 64,     /* scratch alignment: one cache line */
 };
 
 /* The default chunk: the largest of these that still gives every thread a
@@ -67,10 +68,10 @@ typedef struct {
     const awq_linear_problem *p;
     const float *x;   /* [M, K] float32: x itself, or its exact conversion */
     int64_t chunk;    /* output columns per item, a multiple of 8 */
-    int64_t width;    /* scratch columns: chunk rounded up to LINEAR_TILE */
+    int64_t width;    /* scratch columns: chunk rounded up to the widest tile */
     int64_t chunks;   /* items along N */
     int64_t blocks;   /* items along M */
-    int vector;       /* 1: AVX2 + F16C path */
+    int lanes;        /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
 } plan;
 
 typedef struct {
@@ -78,14 +79,14 @@ typedef struct {
     float *scale;   /* [width] the group's scales */
     float *total;   /* [LINEAR_MB][width] the sums so far */
     float *part;    /* [LINEAR_MB][width] scalar path: the current block's sums */
-    uint32_t *tail; /* [LINEAR_KB][8] vector path: a partial tile's words, zero-padded */
+    uint32_t *tail; /* [LINEAR_KB][lanes] vector path: a partial tile's words, zero-padded */
 } scratch;
 
 static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LINEAR_MB); }
 
 static size_t scratch_bytes(int64_t width)
 {
-    size_t b = scratch_floats(width) * sizeof(float) + LINEAR_KB * 8 * sizeof(uint32_t);
+    size_t b = scratch_floats(width) * sizeof(float) + LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
     return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
 }
 
@@ -111,12 +112,13 @@ static inline float round_to(float v, awq_dtype t)
     }
 }
 
-/* Column j (0..7) of a tile's word c (0..7) sits at lane c of vector
+/* Column j (0..7) of a tile's word c sits at lane c of vector
  * AWQ_NIBBLE(j) in the vector path's scratch (see "tiles" below); the
  * scalar path keeps column order. */
-static inline int64_t tile_pos(int64_t col)
+static inline int64_t tile_pos(int64_t col, int lanes)
 {
-    return col / LINEAR_TILE * LINEAR_TILE + 8 * AWQ_NIBBLE(col % 8) + col % LINEAR_TILE / 8;
+    const int64_t T = 8 * lanes; /* columns of a tile */
+    return col / T * T + lanes * AWQ_NIBBLE(col % 8) + col % T / 8;
 }
 
 /* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias). */
@@ -127,7 +129,7 @@ static void finish(const plan *pl, const scratch *s, int64_t n0, int64_t cols, i
         const float *total = s->total + m * pl->width;
         int64_t row = (m0 + m) * p->N + n0;
         for (int64_t n = 0; n < cols; n++) {
-            float v = total[pl->vector ? tile_pos(n) : n];
+            float v = total[pl->lanes ? tile_pos(n, pl->lanes) : n];
             if (p->bias)
                 v += load_scale(p->bias, n0 + n, p->dtype);
             switch (p->dtype) {
@@ -175,17 +177,18 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
     finish(pl, s, n0, cols, m0, mb);
 }
 
-/* ---- the vector path (AVX2 + F16C) ----
+/* ---- the vector paths (AVX2 + F16C; AVX-512F where the CPU has it) ----
  *
- * Tiles.  A tile is 8 consecutive packed words of one row (64 columns),
- * loaded as one vector: lane c holds word c.  Nibble i of every lane is
- * column 8c + ORDER[i] of the tile, so "nibble i of all 8 words" is one
- * vector of 8 columns and needs no per-lane shift.  The scratch keeps each
- * tile's zero points, scales and totals in that order: vector i (floats
- * 8i .. 8i + 7 of the tile) holds columns 8c + ORDER[i], c = 0..7.
+ * Tiles.  A tile is `lanes` consecutive packed words of one row (8 for
+ * AVX2, 16 for AVX-512: 64 or 128 columns), loaded as one vector: lane c
+ * holds word c.  Nibble i of every lane is column 8c + ORDER[i] of the
+ * tile, so "nibble i of all the words" is one vector of columns and needs
+ * no per-lane shift.  The scratch keeps each tile's zero points, scales
+ * and totals in that order: vector i (floats lanes * i .. lanes * (i + 1)
+ * - 1 of the tile) holds columns 8c + ORDER[i], c = 0 .. lanes - 1.
  *
  *     word c:   | n7 | n6 | n5 | n4 | n3 | n2 | n1 | n0 |   (nibble i = bits 4i..4i+3)
- *     vector i of the tile = nibble i of words 0..7 = columns ORDER[i], 8 + ORDER[i], ...
+ *     vector i of the tile = nibble i of words 0, 1, ... = columns ORDER[i], 8 + ORDER[i], ...
  *
  * q - z without a conversion.  Nibble i, masked in place at bit 4p (p its
  * position after an optional shift), ORed into the float32 2^(23 - 4p),
@@ -194,38 +197,71 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * gives q - z, exactly (both are integers below 2^24).  A register pass
  * handles np consecutive nibbles i0 .. i0 + np - 1 (np <= 4) of the word
  * shifted right by 4 i0, so nibble i sits at position p = i % np, and the
- * pass needs only np masks and np offsets, kept in registers. */
+ * pass needs only np masks and np offsets, kept in registers.
+ *
+ * Both widths run the same float32 operations in the same order as the
+ * scalar path (AVX-512 only does twice the columns per instruction, and
+ * merges the mask and the OR into one ternary-logic instruction), so every
+ * path gives the same bits.  One exception in form, not in value ("fused"):
+ * for float16, x * W + acc is one fused multiply-add.  The product of two
+ * float16 values has at most 22 significant bits and lies within float32's
+ * normal range, so float32 holds it exactly, and rounding it first (the
+ * scalar path's separate multiply) changes nothing: the fused and the
+ * separate forms give the same bits, Inf and NaN included.  For bfloat16
+ * (whose products can leave float32's range) and float32 the multiply and
+ * the addition stay separate. */
 
 #ifdef AWQ_X86_DISPATCH
 
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
+/* Nibbles per register pass for mb rows of x: the mb x np accumulators,
+ * the 2 np constants of the nibble positions, the word and x's broadcasts
+ * fit in the 16 vector registers of AVX2, or the 32 of AVX-512. */
+static inline int pass_nibbles(int mb, int lanes) { return mb == 1 || lanes == 16 ? 4 : 2; }
+
 /* The group's zero points and scales of columns [n0, n0 + cols) in tile
  * order; the lanes past cols get zero point 0 and scale 0, so that their
- * (zero-padded) words give W = 0 and never a NaN. */
+ * (zero-padded) words give W = 0 and never a NaN.  Eight words at a time,
+ * so the same code serves both tile widths. */
 __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
                                                              int64_t g, int64_t n0, int64_t cols,
                                                              int np)
 {
     const awq_linear_problem *p = pl->p;
-    const int64_t N = p->N, words = N / 8;
+    const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
+    const int lanes = pl->lanes;
     const uint32_t *zrow = p->qzeros + g * words + n0 / 8;
-    for (int64_t t0 = 0; t0 < cols; t0 += LINEAR_TILE) {
+    for (int64_t t0 = 0; t0 < cols; t0 += T) {
         float *zero = s->zero + t0, *scale = s->scale + t0;
-        if (t0 + LINEAR_TILE <= cols) {
+        if (t0 + T > cols) {
+            for (int i = 0; i < 8; i++)
+                for (int c = 0; c < lanes; c++) {
+                    zero[lanes * i + c] = nibble_offset(i % np);
+                    scale[lanes * i + c] = 0.0f;
+                }
+            for (int64_t col = t0; col < cols; col++) {
+                int64_t at = tile_pos(col, lanes) - t0;
+                int i = AWQ_NIBBLE(col % 8);
+                zero[at] = nibble_offset(i % np) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
+                scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
+            }
+            continue;
+        }
+        for (int h = 0; h < lanes; h += 8) { /* words t0/8 + h .. + 7 */
             /* zero points: nibble i of the 8 words is vector i already */
-            __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8));
+            __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8 + h));
             for (int i = 0; i < 8; i++) {
                 __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
-                _mm256_storeu_ps(zero + 8 * i, _mm256_add_ps(_mm256_cvtepi32_ps(z),
-                                                             _mm256_set1_ps(nibble_offset(i % np))));
+                _mm256_storeu_ps(zero + lanes * i + h,
+                                 _mm256_add_ps(_mm256_cvtepi32_ps(z), _mm256_set1_ps(nibble_offset(i % np))));
             }
             /* scales: 8 rows (words) of 8 columns, transposed so that
              * column j of every word lands in vector AWQ_NIBBLE(j) */
             __m256 r[8];
             for (int c = 0; c < 8; c++) {
-                int64_t at = g * N + n0 + t0 + 8 * c;
+                int64_t at = g * N + n0 + t0 + 8 * (h + c);
                 if (p->dtype == AWQ_F16)
                     r[c] = _mm256_cvtph_ps(
                         _mm_loadu_si128((const __m128i *)((const uint16_t *)p->scales + at)));
@@ -248,33 +284,35 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
                 b[c + 2] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0x44);
                 b[c + 3] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0xEE);
             }
-            /* b[0..3] hold columns 0..3 (and 4..7 in their high halves) of
-             * words 0..3, b[4..7] the same for words 4..7 */
+            /* b[j] (j < 4) holds column j of words 0..3 in its low half and
+             * column j + 4 in its high half; b[j + 4] the same for words 4..7 */
             for (int j = 0; j < 4; j++) {
-                _mm256_storeu_ps(scale + 8 * AWQ_NIBBLE(j), _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
-                _mm256_storeu_ps(scale + 8 * AWQ_NIBBLE(j + 4),
+                _mm256_storeu_ps(scale + lanes * AWQ_NIBBLE(j) + h,
+                                 _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
+                _mm256_storeu_ps(scale + lanes * AWQ_NIBBLE(j + 4) + h,
                                  _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
-            }
-        } else {
-            for (int i = 0; i < 8; i++)
-                for (int c = 0; c < 8; c++) {
-                    zero[8 * i + c] = nibble_offset(i % np);
-                    scale[8 * i + c] = 0.0f;
-                }
-            for (int64_t col = t0; col < cols; col++) {
-                int64_t at = tile_pos(col) - t0;
-                zero[at] = nibble_offset(AWQ_NIBBLE(col % 8) % np) +
-                           (float)((zrow[col / 8] >> (4 * AWQ_NIBBLE(col % 8))) & 0xFu);
-                scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
             }
         }
     }
 }
 
-/* Nibbles per register pass for mb rows of x: the mb x np accumulators,
- * the 2 np constants of the nibble positions, the word, its shifted copy
- * and x's broadcast fit in the 16 vector registers. */
-static inline int pass_nibbles(int mb) { return mb == 1 ? 4 : 2; }
+/* W rounded to the dtype and widened back, 8 lanes.  bfloat16: round to
+ * nearest even at bit 16.  A NaN here is always a bfloat16 NaN (the
+ * scale's, or the default NaN of Inf * 0), whose low 16 bits are zero: the
+ * addition cannot carry out of them, and it stays a NaN. */
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) __m256
+round8(__m256 e, const awq_dtype t)
+{
+    if (t == AWQ_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t == AWQ_BF16) {
+        __m256i b = _mm256_castps_si256(e);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
+        return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    return e;
+}
 
 /* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
  * block (nk of them, `stride` words apart), mb rows of x.  The word is
@@ -282,22 +320,22 @@ static inline int pass_nibbles(int mb) { return mb == 1 ? 4 : 2; }
  * partial sums live in registers and are added to the totals at the end.
  * Called with constant mb, i0, np and t, so that every loop below unrolls
  * and acc[][] becomes registers. */
-static inline __attribute__((always_inline, target("avx2,f16c"))) void
-pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
-          const float *zero, const float *scale, float *total, int64_t width, const int mb,
-          const int i0, const int np, const awq_dtype t)
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
+pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+      const float *zero, const float *scale, float *total, int64_t width, const int mb,
+      const int i0, const int np, const awq_dtype t)
 {
-    __m256 acc[LINEAR_MB][8];
-    __m256i mask[8];
-    __m256 offset[8];
-#pragma GCC unroll 8
+    __m256 acc[LINEAR_MB][4];
+    __m256i mask[4];
+    __m256 offset[4];
+#pragma GCC unroll 4
     for (int j = 0; j < np; j++) {
         mask[j] = _mm256_set1_epi32(0xF << (4 * j));
         offset[j] = _mm256_set1_ps(nibble_offset(j));
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm256_setzero_ps();
 
@@ -315,33 +353,22 @@ pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
             xm[m] = _mm256_broadcast_ss(x + m * K + k);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i bits = _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
-            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_loadu_ps(zero + 8 * i));
-            __m256 e = _mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i));
-            if (t == AWQ_F16) {
-                e = _mm256_cvtph_ps(_mm256_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            } else if (t == AWQ_BF16) {
-                /* round to nearest even at bit 16.  A NaN here is always
-                 * a bfloat16 NaN (the scale's, or the default NaN of
-                 * Inf * 0), whose low 16 bits are zero: the addition
-                 * cannot carry out of them, and it stays a NaN. */
-                __m256i b = _mm256_castps_si256(e);
-                __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-                b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
-                e = _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
-            }
+            __m256i q = _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
+            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
+            __m256 e = round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
+                acc[m][j] = t == AWQ_F16 ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
+                                         : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
         }
     }
 
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 8 * (i0 + j);
             _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][j]));
@@ -349,77 +376,177 @@ pass_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_
 }
 
 /* One block of one tile for mb rows: 8 / np passes of np nibbles. */
-static inline __attribute__((always_inline, target("avx2,f16c"))) void
-tile_avx2(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
-          const float *zero, const float *scale, float *total, int64_t width, const int mb,
-          const awq_dtype t)
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
+tile8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+      const float *zero, const float *scale, float *total, int64_t width, const int mb,
+      const awq_dtype t)
 {
-    const int np = pass_nibbles(mb);
+    const int np = pass_nibbles(mb, 8);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
-        pass_avx2(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
 }
 
 typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
                         const float *, float *, int64_t);
 
-#define TILE_FN(name, MB, T)                                                                      \
-    __attribute__((target("avx2,f16c"))) static void name(                                       \
+#define TILE_FNS(BODY, TARGET, W)                                                                 \
+    TILE_FN(BODY, TARGET, W, f16, 1, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 2, AWQ_F16)            \
+    TILE_FN(BODY, TARGET, W, f16, 3, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 4, AWQ_F16)            \
+    TILE_FN(BODY, TARGET, W, bf16, 1, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 2, AWQ_BF16)        \
+    TILE_FN(BODY, TARGET, W, bf16, 3, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 4, AWQ_BF16)        \
+    TILE_FN(BODY, TARGET, W, f32, 1, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 2, AWQ_F32)            \
+    TILE_FN(BODY, TARGET, W, f32, 3, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 4, AWQ_F32)            \
+    static const tile_fn tiles##W[AWQ_NUM_DTYPES][LINEAR_MB] = {                                  \
+        {tile##W##_f16_1, tile##W##_f16_2, tile##W##_f16_3, tile##W##_f16_4},                     \
+        {tile##W##_bf16_1, tile##W##_bf16_2, tile##W##_bf16_3, tile##W##_bf16_4},                 \
+        {tile##W##_f32_1, tile##W##_f32_2, tile##W##_f32_3, tile##W##_f32_4},                     \
+    };
+
+#define TILE_FN(BODY, TARGET, W, NAME, MB, T)                                                     \
+    __attribute__((target(TARGET))) static void tile##W##_##NAME##_##MB(                          \
         const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,               \
         const float *zero, const float *scale, float *total, int64_t width)                      \
     {                                                                                             \
-        tile_avx2(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                        \
+        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                             \
     }
 
-TILE_FN(tile_f16_1, 1, AWQ_F16)
-TILE_FN(tile_f16_2, 2, AWQ_F16)
-TILE_FN(tile_f16_3, 3, AWQ_F16)
-TILE_FN(tile_f16_4, 4, AWQ_F16)
-TILE_FN(tile_bf16_1, 1, AWQ_BF16)
-TILE_FN(tile_bf16_2, 2, AWQ_BF16)
-TILE_FN(tile_bf16_3, 3, AWQ_BF16)
-TILE_FN(tile_bf16_4, 4, AWQ_BF16)
-TILE_FN(tile_f32_1, 1, AWQ_F32)
-TILE_FN(tile_f32_2, 2, AWQ_F32)
-TILE_FN(tile_f32_3, 3, AWQ_F32)
-TILE_FN(tile_f32_4, 4, AWQ_F32)
+TILE_FNS(tile8, "avx2,f16c,fma", 8)
 
-static tile_fn pick_tile(awq_dtype t, int mb)
+#ifndef AWQ_LINEAR_NO_AVX512
+#define AWQ_LINEAR_AVX512 1
+
+/* The AVX-512 tile: 16 words, the pass of pass8 on 16 lanes. */
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) __m512
+round16(__m512 e, const awq_dtype t)
 {
-    static const tile_fn fns[AWQ_NUM_DTYPES][LINEAR_MB] = {
-        {tile_f16_1, tile_f16_2, tile_f16_3, tile_f16_4},
-        {tile_bf16_1, tile_bf16_2, tile_bf16_3, tile_bf16_4},
-        {tile_f32_1, tile_f32_2, tile_f32_3, tile_f32_4},
-    };
-    return fns[t][mb - 1];
+    if (t == AWQ_F16)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t == AWQ_BF16) { /* as round8 */
+        __m512i b = _mm512_castps_si512(e);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        b = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
+        return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xFFFF0000u)));
+    }
+    return e;
 }
 
-static void item_avx2(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
-                      int mb)
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
+pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+       const float *zero, const float *scale, float *total, int64_t width, const int mb,
+       const int i0, const int np, const awq_dtype t)
+{
+    __m512 acc[LINEAR_MB][4];
+    __m512i mask[4], offset[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < np; j++) {
+        mask[j] = _mm512_set1_epi32(0xF << (4 * j));
+        offset[j] = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(j)));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++)
+            acc[m][j] = _mm512_setzero_ps();
+
+    for (int64_t k = 0; k < nk; k++) {
+        if (i0 == 0) /* as in pass8 */
+            _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
+        __m512i w = _mm512_loadu_si512((const void *)(qw + k * stride));
+        if (i0 > 0)
+            w = _mm512_srli_epi32(w, 4 * i0);
+        __m512 xm[LINEAR_MB];
+#pragma GCC unroll 4
+        for (int m = 0; m < mb; m++)
+            xm[m] = _mm512_set1_ps(x[m * K + k]);
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            const int i = i0 + j;
+            /* (w & mask) | offset in one instruction: 0xEA is the truth
+             * table of (a & b) | c */
+            __m512i q = _mm512_ternarylogic_epi32(w, mask[j], offset[j], 0xEA);
+            __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
+            __m512 e = round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
+#pragma GCC unroll 4
+            for (int m = 0; m < mb; m++)
+                acc[m][j] = t == AWQ_F16 ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
+                                         : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            float *at = total + m * width + 16 * (i0 + j);
+            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), acc[m][j]));
+        }
+}
+
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
+tile16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+       const float *zero, const float *scale, float *total, int64_t width, const int mb,
+       const awq_dtype t)
+{
+    const int np = pass_nibbles(mb, 16);
+#pragma GCC unroll 8
+    for (int i0 = 0; i0 < 8; i0 += np)
+        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+}
+
+TILE_FNS(tile16, "avx512f,avx2,f16c", 16)
+
+#endif /* AWQ_LINEAR_NO_AVX512 */
+
+/* Packed words per vector tile on this CPU: 16 where AVX-512F runs, else
+ * 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller has
+ * checked awq_cpu_use_avx2(). */
+static int vector_lanes(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = !__builtin_cpu_supports("fma") ? 0 : 8;
+#ifdef AWQ_LINEAR_AVX512
+        if (cached && __builtin_cpu_supports("avx512f"))
+            cached = 16;
+#endif
+    }
+    return cached;
+}
+
+static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
+                        int mb)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t K = p->K, G = p->G, words = p->N / 8;
-    const tile_fn tile = pick_tile(p->dtype, mb);
+    const int lanes = pl->lanes;
+    const int64_t T = 8 * lanes;
+#ifdef AWQ_LINEAR_AVX512
+    const tile_fn tile = (lanes == 16 ? tiles16 : tiles8)[p->dtype][mb - 1];
+#else
+    const tile_fn tile = tiles8[p->dtype][mb - 1];
+#endif
     const float *x = pl->x + m0 * K;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
     for (int64_t g = 0; g < K / G; g++) {
-        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb));
+        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb, lanes));
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
             const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
-            for (int64_t t0 = 0; t0 < cols; t0 += LINEAR_TILE) {
-                if (t0 + LINEAR_TILE <= cols) {
+            for (int64_t t0 = 0; t0 < cols; t0 += T) {
+                if (t0 + T <= cols) {
                     tile(qw + t0 / 8, words, nk, x + b0, K, s->zero + t0, s->scale + t0,
                          s->total + t0, pl->width);
                 } else {
-                    /* a partial tile: its words, padded with zeros to 8 */
+                    /* a partial tile: its words, padded with zeros */
                     int64_t nw = (cols - t0) / 8;
                     for (int64_t k = 0; k < nk; k++)
-                        for (int64_t c = 0; c < 8; c++)
-                            s->tail[8 * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
-                    tile(s->tail, 8, nk, x + b0, K, s->zero + t0, s->scale + t0, s->total + t0,
-                         pl->width);
+                        for (int64_t c = 0; c < lanes; c++)
+                            s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
+                    tile(s->tail, lanes, nk, x + b0, K, s->zero + t0, s->scale + t0,
+                         s->total + t0, pl->width);
                 }
             }
         }
@@ -448,7 +575,7 @@ __attribute__((target("avx2,f16c"))) static void widen_avx2(const void *src, flo
 static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dtype t)
 {
 #ifdef AWQ_X86_DISPATCH
-    if (pl->vector) {
+    if (pl->lanes) {
         widen_avx2(src, dst, n, t);
         return;
     }
@@ -466,8 +593,8 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
     int64_t m0 = i / pl->chunks * LINEAR_MB;
     int mb = (int)(m0 + LINEAR_MB < p->M ? LINEAR_MB : p->M - m0);
 #ifdef AWQ_X86_DISPATCH
-    if (pl->vector) {
-        item_avx2(pl, s, n0, cols, m0, mb);
+    if (pl->lanes) {
+        item_vector(pl, s, n0, cols, m0, mb);
         return;
     }
 #endif
@@ -507,14 +634,14 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     int threads = awq_cpu_threads(c->threads);
     plan pl = {.p = p};
 #ifdef AWQ_X86_DISPATCH
-    pl.vector = awq_cpu_use_avx2();
+    pl.lanes = awq_cpu_use_avx2() ? vector_lanes() : 0;
 #endif
     /* A hand-edited autotune entry may ask for more columns than N: clamp,
      * so that the scratch stays the size of the work. */
     pl.chunk = c->chunk > 0 ? c->chunk : default_chunk(p->N, threads);
     if (pl.chunk > p->N)
         pl.chunk = p->N;
-    pl.width = (pl.chunk + LINEAR_TILE - 1) / LINEAR_TILE * LINEAR_TILE;
+    pl.width = (pl.chunk + 8 * LINEAR_LANES_MAX - 1) / (8 * LINEAR_LANES_MAX) * (8 * LINEAR_LANES_MAX);
     pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
     pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
     const int64_t items = pl.chunks * pl.blocks;
@@ -566,6 +693,18 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 #endif
     free(mem);
     return AWQ_OK;
+}
+
+const char *awq_cpu_linear_simd(void)
+{
+#ifdef AWQ_X86_DISPATCH
+    if (awq_cpu_use_avx2()) {
+        int lanes = vector_lanes();
+        if (lanes)
+            return lanes == 16 ? "avx512f+f16c" : "avx2+f16c+fma";
+    }
+#endif
+    return "scalar";
 }
 
 /* ---- tuning ---- */

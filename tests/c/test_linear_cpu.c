@@ -16,7 +16,10 @@
  * The scalar path is checked in a child process started before anything
  * else (AWQ_FAST_DEQUANT_CPU_SCALAR=1 is read once per process): it runs
  * the same checks, and its outputs must equal the vector path's bit for
- * bit.
+ * bit.  With -DLINEAR_NARROW (as the Makefile builds it), csrc/cpu/linear.c
+ * is linked a second time, compiled without its AVX-512 tiles and renamed
+ * awq_cpu_linear_narrow, so that on an AVX-512 machine the AVX2 tiles are
+ * checked too, against the reference and bit for bit against the others.
  *
  * `test_linear_cpu --bench [reps]` only times the M = 1 layer 4096 x 14336
  * (G = 128, float16) and a large memcpy; build it without sanitizers
@@ -36,6 +39,10 @@
 #include <unistd.h>
 
 #include "cpu/cpu.h"
+
+#ifdef LINEAR_NARROW
+awq_status awq_cpu_linear_narrow(const awq_linear_problem *p, const awq_config *c);
+#endif
 
 static int failures, checks;
 
@@ -468,6 +475,31 @@ static void test_edges(void)
     free_problem(&P);
 }
 
+/* Products are rounded to float32 before they are added (DESIGN.md section
+ * 7): for bfloat16 and float32, x * W may overflow float32 where a fused
+ * multiply-add would still see a finite sum.  Rows 0 and 1 share a group
+ * (scale 2^120, zero point 0): x0 W0 = -2^7 * 2^120 = -2^127, then x1 W1 =
+ * 2^7 * 2^121 = 2^128, which is +Inf in float32, so y = +Inf (float64 and
+ * a fused form would give 2^127). */
+static void test_products_round_first(void)
+{
+    for (int t = AWQ_BF16; t <= AWQ_F32; t++) {
+        rng_state = 11;
+        problem P = make_problem(1, 2, 8, 2, (awq_dtype)t, 0, 0);
+        P.qw[0] = 0x11111111u; /* q = 1 */
+        P.qw[1] = 0x22222222u; /* q = 2 */
+        P.qz[0] = 0u;
+        for (int64_t n = 0; n < 8; n++)
+            encode(P.sc, n, 0x1p120, (awq_dtype)t);
+        encode(P.x, 0, -0x1p7, (awq_dtype)t);
+        encode(P.x, 1, 0x1p7, (awq_dtype)t);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        for (int64_t n = 0; n < 8; n++)
+            CHECK(decode(P.y, n, (awq_dtype)t) == INFINITY);
+        free_problem(&P);
+    }
+}
+
 static void test_candidates(void)
 {
     rng_state = 99;
@@ -552,7 +584,7 @@ static void bench(int reps)
     double packed = (double)(qwb + qzb + scb);
     printf("linear M=1 K=%lld N=%lld G=%lld float16 (%s, %d threads): best of %d %.3f ms, "
            "%.2f GB/s of packed weights+zeros+scales\n",
-           (long long)K, (long long)N, (long long)G, awq_cpu_simd(), awq_cpu_max_threads(), reps,
+           (long long)K, (long long)N, (long long)G, awq_cpu_linear_simd(), awq_cpu_max_threads(), reps,
            best * 1e3, packed / best * 1e-9);
 
     /* memcpy of a large array, the same measure as np.copyto's rate */
@@ -604,7 +636,8 @@ int main(int argc, char **argv)
         sweep("scalar path", fileno(f));
         test_worked_example();
         test_edges();
-        fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_simd(), checks,
+        test_products_round_first();
+        fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_linear_simd(), checks,
                 failures);
         fflush(NULL);
         _exit(failures ? 1 : 0);
@@ -613,14 +646,16 @@ int main(int argc, char **argv)
     CHECK(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
-    int vector = awq_cpu_use_avx2();
-    printf("path %s, %d OpenMP threads\n", awq_cpu_simd(), awq_cpu_max_threads());
+    int vector = strcmp(awq_cpu_linear_simd(), "scalar") != 0;
+    printf("path %s, %d OpenMP threads\n", awq_cpu_linear_simd(), awq_cpu_max_threads());
     sweep(vector ? "vector path" : "default path", -1);
     test_worked_example();
     test_edges();
+    test_products_round_first();
     test_candidates();
 
-    /* the vector path's outputs equal the scalar path's, bit for bit */
+    /* the vector path's outputs equal the scalar path's, bit for bit (and
+     * the AVX2 tiles', where they are linked in as well) */
     int mismatches = 0;
     off_t at = 0;
     for (int i = 0; i < SWEEP; i++) {
@@ -635,6 +670,19 @@ int main(int argc, char **argv)
                 fprintf(stderr, "problem %d: the scalar and vector paths differ\n", i);
             CHECK(0);
         }
+#ifdef LINEAR_NARROW
+        memcpy(other, P.y, bytes);
+        memset(P.y, 0x5A, bytes);
+        awq_linear_problem p = view(&P);
+        awq_config c = {.kernel = AWQ_KERNEL_CPU, .threads = 1 + i % 3, .chunk = 8 * (i % 40)};
+        CHECK(awq_cpu_linear_narrow(&p, &c) == AWQ_OK);
+        CHECK(check_reference(&P, "AVX2 tiles") == 0);
+        if (!same_bits(other, P.y, P.M * P.N, P.t)) {
+            if (mismatches++ < 3)
+                fprintf(stderr, "problem %d: the AVX2 and default vector paths differ\n", i);
+            CHECK(0);
+        }
+#endif
         free(other);
         free_problem(&P);
     }
