@@ -86,7 +86,8 @@ static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LI
 
 static size_t scratch_bytes(int64_t width)
 {
-    size_t b = scratch_floats(width) * sizeof(float) + LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
+    size_t b = scratch_floats(width) * sizeof(float) +
+               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
     return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
 }
 
@@ -254,8 +255,8 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
             __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8 + h));
             for (int i = 0; i < 8; i++) {
                 __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
-                _mm256_storeu_ps(zero + lanes * i + h,
-                                 _mm256_add_ps(_mm256_cvtepi32_ps(z), _mm256_set1_ps(nibble_offset(i % np))));
+                __m256 offset = _mm256_set1_ps(nibble_offset(i % np));
+                _mm256_storeu_ps(zero + lanes * i + h, _mm256_add_ps(_mm256_cvtepi32_ps(z), offset));
             }
             /* scales: 8 rows (words) of 8 columns, transposed so that
              * column j of every word lands in vector AWQ_NIBBLE(j) */
@@ -356,7 +357,8 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i q = _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
+            __m256i q =
+                _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
             __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
             __m256 e = round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
@@ -562,8 +564,9 @@ __attribute__((target("avx2,f16c"))) static void widen_avx2(const void *src, flo
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
-        __m256 f = t == AWQ_F16 ? _mm256_cvtph_ps(v)
-                                : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        __m256 f = t == AWQ_F16
+                       ? _mm256_cvtph_ps(v)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
         _mm256_storeu_ps(dst + i, f);
     }
     for (; i < n; i++)
@@ -604,7 +607,8 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
 static int64_t default_chunk(int64_t N, int threads)
 {
     int64_t chunk = LINEAR_CHUNK_MAX;
-    while (chunk > LINEAR_CHUNK_MIN && (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
+    while (chunk > LINEAR_CHUNK_MIN &&
+           (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
         chunk /= 2;
     return chunk;
 }
@@ -641,7 +645,8 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     pl.chunk = c->chunk > 0 ? c->chunk : default_chunk(p->N, threads);
     if (pl.chunk > p->N)
         pl.chunk = p->N;
-    pl.width = (pl.chunk + 8 * LINEAR_LANES_MAX - 1) / (8 * LINEAR_LANES_MAX) * (8 * LINEAR_LANES_MAX);
+    const int64_t widest = 8 * LINEAR_LANES_MAX; /* columns of the widest tile */
+    pl.width = (pl.chunk + widest - 1) / widest * widest;
     pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
     pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
     const int64_t items = pl.chunks * pl.blocks;
@@ -683,8 +688,9 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 #pragma omp parallel num_threads(threads)
         {
             scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
-            /* items are equal work; the schedule decides only who does
-             * which, never the order of any sum */
+            /* dynamic: a core shared with other processes takes fewer
+             * items.  The schedule decides only who computes an output
+             * element, never the order of its sum. */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
                 run_item(&pl, &s, i);

@@ -304,7 +304,8 @@ static int same_bits(const void *a, const void *b, int64_t n, awq_dtype t)
         if (isnan(u) || isnan(v)) {
             if (!(isnan(u) && isnan(v)))
                 return 0;
-        } else if (memcmp((const char *)a + i * dsize(t), (const char *)b + i * dsize(t), dsize(t))) {
+        } else if (memcmp((const char *)a + i * dsize(t), (const char *)b + i * dsize(t),
+                          dsize(t))) {
             return 0;
         }
     }
@@ -584,7 +585,8 @@ static void bench(int reps)
     double packed = (double)(qwb + qzb + scb);
     printf("linear M=1 K=%lld N=%lld G=%lld float16 (%s, %d threads): best of %d %.3f ms, "
            "%.2f GB/s of packed weights+zeros+scales\n",
-           (long long)K, (long long)N, (long long)G, awq_cpu_linear_simd(), awq_cpu_max_threads(), reps,
+           (long long)K, (long long)N, (long long)G, awq_cpu_linear_simd(), awq_cpu_max_threads(),
+           reps,
            best * 1e3, packed / best * 1e-9);
 
     /* memcpy of a large array, the same measure as np.copyto's rate */
