@@ -1,7 +1,8 @@
 /*
  * test_linear_cpu.c -- standalone test of the host's fused linear (csrc/cpu/linear.c).
  *
- * Build and run from the repository root (or `make -C tests/c linear`):
+ * Build and run from the repository root with `make -C tests/c linear`, or
+ * by hand (without the second, AVX2-only copy described below):
  *   gcc -std=c11 -ffp-contract=off -Wall -Wextra -O1 -fopenmp -fsanitize=address,undefined \
  *       -Icsrc tests/c/test_linear_cpu.c csrc/cpu/linear.c csrc/cpu/platform.c \
  *       -lm -o build/test_linear_cpu && build/test_linear_cpu
@@ -318,7 +319,7 @@ static int same_bits(const void *a, const void *b, int64_t n, awq_dtype t)
 static const int64_t KG[][2] = {{1, 1},     {7, 7},     {64, 64},  {96, 32}, {100, 50},
                                 {128, 128}, {200, 8},   {256, 64}, {300, 3}, {384, 128},
                                 {129, 129}, {512, 512}, {260, 65}};
-/* N: one word, tails of the 64-column tiles and of the chunks */
+/* N: one word, tails of the 64- and 128-column tiles and of the chunks */
 static const int64_t NS[] = {8, 16, 56, 64, 72, 120, 136, 200, 256, 328};
 
 #define SWEEP 90
