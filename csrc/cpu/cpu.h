@@ -25,6 +25,10 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
  * default).  Deterministic: the order of every sum is fixed by the problem
  * and the configuration, never by the threads' timing. */
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
+/* The vector path the fused linear takes on this CPU: "avx512f+f16c",
+ * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR=1 forces it).
+ * Every path gives the same bits. */
+const char *awq_cpu_linear_simd(void);
 
 /* ---- the platform (cpu/platform.c) ---- */
 
@@ -50,8 +54,12 @@ const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "
  * were written (at most cap). */
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
-/* Fused linear configurations for the autotuner: the default (threads =
- * chunk = 0) first, then threads x columns per work item. */
+/* The fused linear's search space (cpu/linear.c): the default (threads =
+ * chunk = 0) first, then threads in {1, 2, 4, ... < max, max} times chunk
+ * in {64, 128, 256, 512, 1024} columns, without chunks past the one that
+ * already covers N and without more threads than work items.  Every
+ * configuration gives the same bits.  Returns how many were written (at
+ * most cap). */
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
 
 /* The ctx of awq_cpu_time: the problem (exactly one of p and lp) and how to

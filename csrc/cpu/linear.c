@@ -1,10 +1,38 @@
 /*
- * cpu/linear.c -- the fused linear on the host (cpu/cpu.h).
+ * cpu/linear.c -- the fused W4A16 linear on the host (DESIGN.md section 7):
  *
- * Portable form: each work item owns a run of output columns for all rows
- * of x and walks k in order, so every sum has a fixed order whatever the
- * threads do.  W is computed from the packed words exactly as dequantize
- * computes it (rounded to x's dtype), then widened to float32.
+ *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
+ *
+ * W[k, n] is dequantize's value in x's dtype, widened to float32:
+ * round_to_dtype( float32(q - z) * float32(scale) ).  It is computed from
+ * the packed words in registers and never stored, so a NaN or Inf scale
+ * reaches y exactly as it would through dequantize and a matmul.
+ *
+ * The order of the sums is fixed by the problem alone.  K is cut into
+ * blocks: each group into runs of LINEAR_KB rows (the last one shorter).
+ * The products of a block are added in row order to a partial sum that
+ * starts at +0; the partials are added in block order to a total that
+ * starts at +0; the bias is added to the total; one rounding.  Every
+ * product is rounded to float32 before it is added, in the vector paths
+ * and the scalar path alike (see "fused" below for the one form that
+ * differs without changing a bit), so all of them give the same bits for
+ * every chunk size and thread count.  Blocking the sum also keeps its
+ * error near (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
+ *
+ * Work: the output columns are cut into chunks (c->chunk columns) and the
+ * rows of x into blocks of up to LINEAR_MB rows; one work item is one
+ * (chunk, row block) and sweeps all of K, so each thread owns its output
+ * elements and no sum is ever split between threads.  Inside an item:
+ *   for each group:  expand the group's zero points and scales for the
+ *                    chunk once, as float32
+ *     for each block of rows k:
+ *       for each tile of 64 or 128 columns (8 or 16 packed words per row):
+ *         sum the block into registers, then add it to the chunk's totals
+ * Each packed word is read from memory once per item; a block of one
+ * tile (LINEAR_KB x 32 or 64 bytes) stays in L1 while the register passes
+ * below re-read it.
+ *
+ * Pure C: no Python object is touched, so callers release the GIL.
  */
 #include "cpu/convert.h"
 #include "cpu/cpu.h"
@@ -15,15 +43,69 @@
 #include <omp.h>
 #endif
 
-static inline float load_value(const void *a, int64_t i, awq_dtype t)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define AWQ_X86_DISPATCH 1
+#include <immintrin.h>
+#endif
+
+enum {
+    LINEAR_KB = 64,        /* rows of K per block of the sum */
+    LINEAR_MB = 4,         /* rows of x per work item: their accumulators fit in registers */
+    LINEAR_LANES_MAX = 16, /* packed words per vector tile: 8 (AVX2) or 16 (AVX-512) */
+    LINEAR_ALIGN = 64,     /* scratch alignment: one cache line */
+};
+
+/* The default chunk: the largest of these that still gives every thread a
+ * few items to balance (a chunk's rows are read as runs of chunk / 2
+ * bytes, and longer runs stream better). */
+#define LINEAR_CHUNK_MAX 512
+#define LINEAR_CHUNK_MIN 64
+#define LINEAR_ITEMS_PER_THREAD 4
+
+/* ---- one call's plan and one thread's scratch ---- */
+
+typedef struct {
+    const awq_linear_problem *p;
+    const float *x;   /* [M, K] float32: x itself, or its exact conversion */
+    int64_t chunk;    /* output columns per item, a multiple of 8 */
+    int64_t width;    /* scratch columns: chunk rounded up to the widest tile */
+    int64_t chunks;   /* items along N */
+    int64_t blocks;   /* items along M */
+    int lanes;        /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
+} plan;
+
+typedef struct {
+    float *zero;    /* [width] the group's zero points (vector path: offset, see below) */
+    float *scale;   /* [width] the group's scales */
+    float *total;   /* [LINEAR_MB][width] the sums so far */
+    float *part;    /* [LINEAR_MB][width] scalar path: the current block's sums */
+    uint32_t *tail; /* [LINEAR_KB][lanes] vector path: a partial tile's words, zero-padded */
+} scratch;
+
+static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LINEAR_MB); }
+
+static size_t scratch_bytes(int64_t width)
 {
-    return load_scale(a, i, t);
+    size_t b = scratch_floats(width) * sizeof(float) +
+               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
+    return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
 }
 
-/* The value dequantize writes, widened back to float32. */
-static inline float weight(float qz, float s, awq_dtype t)
+static scratch scratch_at(char *base, int64_t width)
 {
-    float v = qz * s;
+    float *f = (float *)base;
+    scratch s;
+    s.zero = f;
+    s.scale = f + width;
+    s.total = f + 2 * width;
+    s.part = f + (2 + LINEAR_MB) * width;
+    s.tail = (uint32_t *)(f + scratch_floats(width));
+    return s;
+}
+
+/* W's value in the dtype, widened back to float32. */
+static inline float round_to(float v, awq_dtype t)
+{
     switch (t) {
     case AWQ_F16: return half_to_float(float_to_half(v));
     case AWQ_BF16: return bits_f32((uint32_t)float_to_bf16(v) << 16);
@@ -31,88 +113,639 @@ static inline float weight(float qz, float s, awq_dtype t)
     }
 }
 
-static inline void store_value(void *a, int64_t i, float v, awq_dtype t)
+/* Column j (0..7) of a tile's word c sits at lane c of vector
+ * AWQ_NIBBLE(j) in the vector path's scratch (see "tiles" below); the
+ * scalar path keeps column order. */
+static inline int64_t tile_pos(int64_t col, int lanes)
 {
-    switch (t) {
-    case AWQ_F16: ((uint16_t *)a)[i] = float_to_half(v); break;
-    case AWQ_BF16: ((uint16_t *)a)[i] = float_to_bf16(v); break;
-    default: ((float *)a)[i] = v; break;
+    const int64_t T = 8 * lanes; /* columns of a tile */
+    return col / T * T + lanes * AWQ_NIBBLE(col % 8) + col % T / 8;
+}
+
+/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias). */
+static void finish(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0, int mb)
+{
+    const awq_linear_problem *p = pl->p;
+    for (int m = 0; m < mb; m++) {
+        const float *total = s->total + m * pl->width;
+        int64_t row = (m0 + m) * p->N + n0;
+        for (int64_t n = 0; n < cols; n++) {
+            float v = total[pl->lanes ? tile_pos(n, pl->lanes) : n];
+            if (p->bias)
+                v += load_scale(p->bias, n0 + n, p->dtype);
+            switch (p->dtype) {
+            case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
+            case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
+            default: ((float *)p->y)[row + n] = v; break;
+            }
+        }
     }
 }
 
-/* Columns [n0, n1) of every row; acc holds M * (n1 - n0) floats. */
-static void columns(const awq_linear_problem *p, int64_t n0, int64_t n1, float *acc)
+/* ---- the scalar path ---- */
+
+static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
+                        int mb)
 {
-    const int64_t W = p->N / 8, width = n1 - n0;
-    for (int64_t i = 0; i < p->M * width; i++)
-        acc[i] = 0.0f;
-    for (int64_t k = 0; k < p->K; k++) {
-        const int64_t g = k / p->G;
-        for (int64_t n = n0; n < n1; n++) {
-            const int64_t c = n / 8;
-            const int sh = 4 * AWQ_NIBBLE((int)(n % 8));
-            const int q = (int)((p->qweight[k * W + c] >> sh) & 0xFu);
-            const int z = (int)((p->qzeros[g * W + c] >> sh) & 0xFu);
-            const float w = weight((float)(q - z), load_value(p->scales, g * p->N + n, p->dtype),
-                                   p->dtype);
-            for (int64_t m = 0; m < p->M; m++)
-                acc[m * width + (n - n0)] += load_value(p->x, m * p->K + k, p->dtype) * w;
+    const awq_linear_problem *p = pl->p;
+    const int64_t K = p->K, N = p->N, G = p->G, words = N / 8, w0 = n0 / 8;
+    for (int64_t i = 0; i < mb * pl->width; i++)
+        s->total[i] = 0.0f;
+    for (int64_t g = 0; g < K / G; g++) {
+        const uint32_t *zrow = p->qzeros + g * words + w0;
+        for (int64_t n = 0; n < cols; n++) {
+            s->zero[n] = (float)((zrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
+            s->scale[n] = load_scale(p->scales, g * N + n0 + n, p->dtype);
+        }
+        for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
+            int64_t b1 = b0 + LINEAR_KB < (g + 1) * G ? b0 + LINEAR_KB : (g + 1) * G;
+            for (int64_t i = 0; i < mb * pl->width; i++)
+                s->part[i] = 0.0f;
+            for (int64_t k = b0; k < b1; k++) {
+                const uint32_t *qrow = p->qweight + k * words + w0;
+                for (int64_t n = 0; n < cols; n++) {
+                    float q = (float)((qrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
+                    /* q - z is exact in float32, as the integer difference is */
+                    float w = round_to((q - s->zero[n]) * s->scale[n], p->dtype);
+                    for (int m = 0; m < mb; m++)
+                        s->part[m * pl->width + n] += pl->x[(m0 + m) * K + k] * w;
+                }
+            }
+            for (int64_t i = 0; i < mb * pl->width; i++)
+                s->total[i] += s->part[i];
         }
     }
-    for (int64_t m = 0; m < p->M; m++)
-        for (int64_t n = n0; n < n1; n++) {
-            float v = acc[m * width + (n - n0)];
-            if (p->bias != NULL)
-                v += load_value(p->bias, n, p->dtype);
-            store_value(p->y, m * p->N + n, v, p->dtype);
+    finish(pl, s, n0, cols, m0, mb);
+}
+
+/* ---- the vector paths (AVX2 + F16C; AVX-512F where the CPU has it) ----
+ *
+ * Tiles.  A tile is `lanes` consecutive packed words of one row (8 for
+ * AVX2, 16 for AVX-512: 64 or 128 columns), loaded as one vector: lane c
+ * holds word c.  Nibble i of every lane is column 8c + ORDER[i] of the
+ * tile, so "nibble i of all the words" is one vector of columns and needs
+ * no per-lane shift.  The scratch keeps each tile's zero points, scales
+ * and totals in that order: vector i (floats lanes * i .. lanes * (i + 1)
+ * - 1 of the tile) holds columns 8c + ORDER[i], c = 0 .. lanes - 1.
+ *
+ *     word c:   | n7 | n6 | n5 | n4 | n3 | n2 | n1 | n0 |   (nibble i = bits 4i..4i+3)
+ *     vector i of the tile = nibble i of words 0, 1, ... = columns ORDER[i], 8 + ORDER[i], ...
+ *
+ * q - z without a conversion.  Nibble i, masked in place at bit 4p (p its
+ * position after an optional shift), ORed into the float32 2^(23 - 4p),
+ * is the float 2^(23 - 4p) + q exactly (the nibble lands in the mantissa
+ * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
+ * gives q - z, exactly (both are integers below 2^24).  A register pass
+ * handles np consecutive nibbles i0 .. i0 + np - 1 (np <= 4) of the word
+ * shifted right by 4 i0, so nibble i sits at position p = i % np, and the
+ * pass needs only np masks and np offsets, kept in registers.
+ *
+ * Both widths run the same float32 operations in the same order as the
+ * scalar path (AVX-512 only does twice the columns per instruction, and
+ * merges the mask and the OR into one ternary-logic instruction), so every
+ * path gives the same bits.  One exception in form, not in value ("fused"):
+ * for float16, x * W + acc is one fused multiply-add.  The product of two
+ * float16 values has at most 22 significant bits and lies within float32's
+ * normal range, so float32 holds it exactly, and rounding it first (the
+ * scalar path's separate multiply) changes nothing: the fused and the
+ * separate forms give the same bits, Inf and NaN included.  For bfloat16
+ * (whose products can leave float32's range) and float32 the multiply and
+ * the addition stay separate. */
+
+#ifdef AWQ_X86_DISPATCH
+
+/* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
+static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
+
+/* Nibbles per register pass for mb rows of x: the mb x np accumulators,
+ * the 2 np constants of the nibble positions, the word and x's broadcasts
+ * fit in the 16 vector registers of AVX2, or the 32 of AVX-512. */
+static inline int pass_nibbles(int mb, int lanes) { return mb == 1 || lanes == 16 ? 4 : 2; }
+
+/* The group's zero points and scales of columns [n0, n0 + cols) in tile
+ * order; the lanes past cols get zero point 0 and scale 0, so that their
+ * (zero-padded) words give W = 0 and never a NaN.  Eight words at a time,
+ * so the same code serves both tile widths. */
+__attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
+                                                             int64_t g, int64_t n0, int64_t cols,
+                                                             int np)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
+    const int lanes = pl->lanes;
+    const uint32_t *zrow = p->qzeros + g * words + n0 / 8;
+    for (int64_t t0 = 0; t0 < cols; t0 += T) {
+        float *zero = s->zero + t0, *scale = s->scale + t0;
+        if (t0 + T > cols) {
+            for (int i = 0; i < 8; i++)
+                for (int c = 0; c < lanes; c++) {
+                    zero[lanes * i + c] = nibble_offset(i % np);
+                    scale[lanes * i + c] = 0.0f;
+                }
+            for (int64_t col = t0; col < cols; col++) {
+                int64_t at = tile_pos(col, lanes) - t0;
+                int i = AWQ_NIBBLE(col % 8);
+                zero[at] = nibble_offset(i % np) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
+                scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
+            }
+            continue;
         }
+        for (int h = 0; h < lanes; h += 8) { /* words t0/8 + h .. + 7 */
+            /* zero points: nibble i of the 8 words is vector i already */
+            __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8 + h));
+            for (int i = 0; i < 8; i++) {
+                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
+                __m256 offset = _mm256_set1_ps(nibble_offset(i % np));
+                _mm256_storeu_ps(zero + lanes * i + h, _mm256_add_ps(_mm256_cvtepi32_ps(z), offset));
+            }
+            /* scales: 8 rows (words) of 8 columns, transposed so that
+             * column j of every word lands in vector AWQ_NIBBLE(j) */
+            __m256 r[8];
+            for (int c = 0; c < 8; c++) {
+                int64_t at = g * N + n0 + t0 + 8 * (h + c);
+                if (p->dtype == AWQ_F16)
+                    r[c] = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)((const uint16_t *)p->scales + at)));
+                else if (p->dtype == AWQ_BF16)
+                    r[c] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_cvtepu16_epi32(
+                            _mm_loadu_si128((const __m128i *)((const uint16_t *)p->scales + at))),
+                        16));
+                else
+                    r[c] = _mm256_loadu_ps((const float *)p->scales + at);
+            }
+            __m256 a[8], b[8];
+            for (int c = 0; c < 8; c += 2) {
+                a[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+                a[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+            }
+            for (int c = 0; c < 8; c += 4) {
+                b[c] = _mm256_shuffle_ps(a[c], a[c + 2], 0x44);
+                b[c + 1] = _mm256_shuffle_ps(a[c], a[c + 2], 0xEE);
+                b[c + 2] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0x44);
+                b[c + 3] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0xEE);
+            }
+            /* b[j] (j < 4) holds column j of words 0..3 in its low half and
+             * column j + 4 in its high half; b[j + 4] the same for words 4..7 */
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(scale + lanes * AWQ_NIBBLE(j) + h,
+                                 _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
+                _mm256_storeu_ps(scale + lanes * AWQ_NIBBLE(j + 4) + h,
+                                 _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
+            }
+        }
+    }
+}
+
+/* W rounded to the dtype and widened back, 8 lanes.  bfloat16: round to
+ * nearest even at bit 16.  A NaN here is always a bfloat16 NaN (the
+ * scale's, or the default NaN of Inf * 0), whose low 16 bits are zero: the
+ * addition cannot carry out of them, and it stays a NaN. */
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) __m256
+round8(__m256 e, const awq_dtype t)
+{
+    if (t == AWQ_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t == AWQ_BF16) {
+        __m256i b = _mm256_castps_si256(e);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
+        return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    return e;
+}
+
+/* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
+ * block (nk of them, `stride` words apart), mb rows of x.  The word is
+ * shifted right by 4 i0 so that nibble i0 + j sits at position j.  The
+ * partial sums live in registers and are added to the totals at the end.
+ * Called with constant mb, i0, np and t, so that every loop below unrolls
+ * and acc[][] becomes registers. */
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
+pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+      const float *zero, const float *scale, float *total, int64_t width, const int mb,
+      const int i0, const int np, const awq_dtype t)
+{
+    __m256 acc[LINEAR_MB][4];
+    __m256i mask[4];
+    __m256 offset[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < np; j++) {
+        mask[j] = _mm256_set1_epi32(0xF << (4 * j));
+        offset[j] = _mm256_set1_ps(nibble_offset(j));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++)
+            acc[m][j] = _mm256_setzero_ps();
+
+    for (int64_t k = 0; k < nk; k++) {
+        /* the same tile row one block ahead, into L2 (where a chunk's
+         * block of rows fits) while this block computes: a chunk reads
+         * short runs of many rows, which the hardware prefetchers alone
+         * follow poorly.  A prefetch never faults, past the end included. */
+        if (i0 == 0)
+            _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
+        __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
+        if (i0 > 0)
+            w = _mm256_srli_epi32(w, 4 * i0);
+        __m256 xm[LINEAR_MB];
+#pragma GCC unroll 4
+        for (int m = 0; m < mb; m++)
+            xm[m] = _mm256_broadcast_ss(x + m * K + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            const int i = i0 + j;
+            __m256i q =
+                _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
+            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
+            __m256 e = round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
+#pragma GCC unroll 4
+            for (int m = 0; m < mb; m++)
+                acc[m][j] = t == AWQ_F16 ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
+                                         : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            float *at = total + m * width + 8 * (i0 + j);
+            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][j]));
+        }
+}
+
+/* One block of one tile for mb rows: 8 / np passes of np nibbles. */
+static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
+tile8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+      const float *zero, const float *scale, float *total, int64_t width, const int mb,
+      const awq_dtype t)
+{
+    const int np = pass_nibbles(mb, 8);
+#pragma GCC unroll 8
+    for (int i0 = 0; i0 < 8; i0 += np)
+        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+}
+
+typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
+                        const float *, float *, int64_t);
+
+#define TILE_FNS(BODY, TARGET, W)                                                                 \
+    TILE_FN(BODY, TARGET, W, f16, 1, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 2, AWQ_F16)            \
+    TILE_FN(BODY, TARGET, W, f16, 3, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 4, AWQ_F16)            \
+    TILE_FN(BODY, TARGET, W, bf16, 1, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 2, AWQ_BF16)        \
+    TILE_FN(BODY, TARGET, W, bf16, 3, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 4, AWQ_BF16)        \
+    TILE_FN(BODY, TARGET, W, f32, 1, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 2, AWQ_F32)            \
+    TILE_FN(BODY, TARGET, W, f32, 3, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 4, AWQ_F32)            \
+    static const tile_fn tiles##W[AWQ_NUM_DTYPES][LINEAR_MB] = {                                  \
+        {tile##W##_f16_1, tile##W##_f16_2, tile##W##_f16_3, tile##W##_f16_4},                     \
+        {tile##W##_bf16_1, tile##W##_bf16_2, tile##W##_bf16_3, tile##W##_bf16_4},                 \
+        {tile##W##_f32_1, tile##W##_f32_2, tile##W##_f32_3, tile##W##_f32_4},                     \
+    };
+
+#define TILE_FN(BODY, TARGET, W, NAME, MB, T)                                                     \
+    __attribute__((target(TARGET))) static void tile##W##_##NAME##_##MB(                          \
+        const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,               \
+        const float *zero, const float *scale, float *total, int64_t width)                      \
+    {                                                                                             \
+        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                             \
+    }
+
+TILE_FNS(tile8, "avx2,f16c,fma", 8)
+
+#ifndef AWQ_LINEAR_NO_AVX512
+#define AWQ_LINEAR_AVX512 1
+
+/* The AVX-512 tile: 16 words, the pass of pass8 on 16 lanes. */
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) __m512
+round16(__m512 e, const awq_dtype t)
+{
+    if (t == AWQ_F16)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t == AWQ_BF16) { /* as round8 */
+        __m512i b = _mm512_castps_si512(e);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        b = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
+        return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xFFFF0000u)));
+    }
+    return e;
+}
+
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
+pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+       const float *zero, const float *scale, float *total, int64_t width, const int mb,
+       const int i0, const int np, const awq_dtype t)
+{
+    __m512 acc[LINEAR_MB][4];
+    __m512i mask[4], offset[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < np; j++) {
+        mask[j] = _mm512_set1_epi32(0xF << (4 * j));
+        offset[j] = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(j)));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++)
+            acc[m][j] = _mm512_setzero_ps();
+
+    for (int64_t k = 0; k < nk; k++) {
+        if (i0 == 0) /* as in pass8 */
+            _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
+        __m512i w = _mm512_loadu_si512((const void *)(qw + k * stride));
+        if (i0 > 0)
+            w = _mm512_srli_epi32(w, 4 * i0);
+        __m512 xm[LINEAR_MB];
+#pragma GCC unroll 4
+        for (int m = 0; m < mb; m++)
+            xm[m] = _mm512_set1_ps(x[m * K + k]);
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            const int i = i0 + j;
+            /* (w & mask) | offset in one instruction: 0xEA is the truth
+             * table of (a & b) | c */
+            __m512i q = _mm512_ternarylogic_epi32(w, mask[j], offset[j], 0xEA);
+            __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
+            __m512 e = round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
+#pragma GCC unroll 4
+            for (int m = 0; m < mb; m++)
+                acc[m][j] = t == AWQ_F16 ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
+                                         : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int m = 0; m < mb; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            float *at = total + m * width + 16 * (i0 + j);
+            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), acc[m][j]));
+        }
+}
+
+static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
+tile16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
+       const float *zero, const float *scale, float *total, int64_t width, const int mb,
+       const awq_dtype t)
+{
+    const int np = pass_nibbles(mb, 16);
+#pragma GCC unroll 8
+    for (int i0 = 0; i0 < 8; i0 += np)
+        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+}
+
+TILE_FNS(tile16, "avx512f,avx2,f16c", 16)
+
+#endif /* AWQ_LINEAR_NO_AVX512 */
+
+/* Packed words per vector tile on this CPU: 16 where AVX-512F runs, else
+ * 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller has
+ * checked awq_cpu_use_avx2(). */
+static int vector_lanes(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = !__builtin_cpu_supports("fma") ? 0 : 8;
+#ifdef AWQ_LINEAR_AVX512
+        if (cached && __builtin_cpu_supports("avx512f"))
+            cached = 16;
+#endif
+    }
+    return cached;
+}
+
+static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
+                        int mb)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t K = p->K, G = p->G, words = p->N / 8;
+    const int lanes = pl->lanes;
+    const int64_t T = 8 * lanes;
+#ifdef AWQ_LINEAR_AVX512
+    const tile_fn tile = (lanes == 16 ? tiles16 : tiles8)[p->dtype][mb - 1];
+#else
+    const tile_fn tile = tiles8[p->dtype][mb - 1];
+#endif
+    const float *x = pl->x + m0 * K;
+    for (int64_t i = 0; i < mb * pl->width; i++)
+        s->total[i] = 0.0f;
+    for (int64_t g = 0; g < K / G; g++) {
+        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb, lanes));
+        for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
+            int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
+            const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
+            for (int64_t t0 = 0; t0 < cols; t0 += T) {
+                if (t0 + T <= cols) {
+                    tile(qw + t0 / 8, words, nk, x + b0, K, s->zero + t0, s->scale + t0,
+                         s->total + t0, pl->width);
+                } else {
+                    /* a partial tile: its words, padded with zeros */
+                    int64_t nw = (cols - t0) / 8;
+                    for (int64_t k = 0; k < nk; k++)
+                        for (int64_t c = 0; c < lanes; c++)
+                            s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
+                    tile(s->tail, lanes, nk, x + b0, K, s->zero + t0, s->scale + t0,
+                         s->total + t0, pl->width);
+                }
+            }
+        }
+    }
+    finish(pl, s, n0, cols, m0, mb);
+}
+
+/* x in float32, converted with F16C (exact, as the scalar conversion). */
+__attribute__((target("avx2,f16c"))) static void widen_avx2(const void *src, float *dst,
+                                                            int64_t n, awq_dtype t)
+{
+    const uint16_t *h = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        __m256 f = t == AWQ_F16
+                       ? _mm256_cvtph_ps(v)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        _mm256_storeu_ps(dst + i, f);
+    }
+    for (; i < n; i++)
+        dst[i] = load_scale(src, i, t);
+}
+
+#endif /* AWQ_X86_DISPATCH */
+
+static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dtype t)
+{
+#ifdef AWQ_X86_DISPATCH
+    if (pl->lanes) {
+        widen_avx2(src, dst, n, t);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = load_scale(src, i, t);
+}
+
+/* Work item i: chunk i % chunks of the columns, row block i / chunks. */
+static void run_item(const plan *pl, const scratch *s, int64_t i)
+{
+    const awq_linear_problem *p = pl->p;
+    int64_t n0 = i % pl->chunks * pl->chunk;
+    int64_t cols = n0 + pl->chunk < p->N ? pl->chunk : p->N - n0;
+    int64_t m0 = i / pl->chunks * LINEAR_MB;
+    int mb = (int)(m0 + LINEAR_MB < p->M ? LINEAR_MB : p->M - m0);
+#ifdef AWQ_X86_DISPATCH
+    if (pl->lanes) {
+        item_vector(pl, s, n0, cols, m0, mb);
+        return;
+    }
+#endif
+    item_scalar(pl, s, n0, cols, m0, mb);
+}
+
+static int64_t default_chunk(int64_t N, int threads)
+{
+    int64_t chunk = LINEAR_CHUNK_MAX;
+    while (chunk > LINEAR_CHUNK_MIN &&
+           (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
+        chunk /= 2;
+    return chunk;
 }
 
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 {
-    if (p->M == 0 || p->N == 0)
-        return AWQ_OK;
-    if (c->threads < 0 || c->chunk < 0 || c->chunk % 8 != 0)
+    if (c->threads < 0 || c->chunk < 0 || c->chunk % 8 != 0 ||
+        (c->kernel != AWQ_KERNEL_AUTO && c->kernel != AWQ_KERNEL_CPU))
         return AWQ_ERR_CONFIG;
-    const int64_t chunk = c->chunk > 0 ? c->chunk : 64;
-    const int64_t items = (p->N + chunk - 1) / chunk;
+    if (p->M <= 0 || p->N <= 0)
+        return AWQ_OK;
+    if (p->K == 0) { /* an empty sum: y = bias, or zeros */
+        for (int64_t m = 0; m < p->M; m++) {
+            for (int64_t n = 0; n < p->N; n++) {
+                float v = p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f;
+                int64_t o = m * p->N + n;
+                switch (p->dtype) {
+                case AWQ_F16: ((uint16_t *)p->y)[o] = float_to_half(v); break;
+                case AWQ_BF16: ((uint16_t *)p->y)[o] = float_to_bf16(v); break;
+                default: ((float *)p->y)[o] = v; break;
+                }
+            }
+        }
+        return AWQ_OK;
+    }
+
     int threads = awq_cpu_threads(c->threads);
+    plan pl = {.p = p};
+#ifdef AWQ_X86_DISPATCH
+    pl.lanes = awq_cpu_use_avx2() ? vector_lanes() : 0;
+#endif
+    /* A hand-edited autotune entry may ask for more columns than N: clamp,
+     * so that the scratch stays the size of the work. */
+    pl.chunk = c->chunk > 0 ? c->chunk : default_chunk(p->N, threads);
+    if (pl.chunk > p->N)
+        pl.chunk = p->N;
+    const int64_t widest = 8 * LINEAR_LANES_MAX; /* columns of the widest tile */
+    pl.width = (pl.chunk + widest - 1) / widest * widest;
+    pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
+    pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
+    const int64_t items = pl.chunks * pl.blocks;
     if (threads > items)
         threads = (int)items;
-    float *acc = malloc((size_t)threads * (size_t)p->M * (size_t)chunk * sizeof(float));
-    if (acc == NULL)
+    if (threads < 1)
+        threads = 1;
+
+    /* Everything is allocated here, before any thread starts: x in float32
+     * (unless it already is) and one scratch per thread. */
+    size_t per = scratch_bytes(pl.width);
+    size_t xbytes = 0;
+    if (p->dtype != AWQ_F32) {
+        if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
+            return AWQ_ERR_NOMEM;
+        xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
+        xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+    }
+    if ((size_t)threads > (SIZE_MAX - xbytes) / per)
         return AWQ_ERR_NOMEM;
-    if (threads <= 1) {
+    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + per * (size_t)threads);
+    if (mem == NULL)
+        return AWQ_ERR_NOMEM;
+    if (p->dtype == AWQ_F32) {
+        pl.x = p->x;
+    } else {
+        widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
+        pl.x = (const float *)mem;
+    }
+    char *scratch_mem = mem + xbytes;
+
+    if (threads == 1) { /* also every forked child (cpu/platform.c) */
+        scratch s = scratch_at(scratch_mem, pl.width);
         for (int64_t i = 0; i < items; i++)
-            columns(p, i * chunk, i * chunk + chunk < p->N ? i * chunk + chunk : p->N, acc);
+            run_item(&pl, &s, i);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
-            float *mine = acc + (size_t)omp_get_thread_num() * (size_t)p->M * (size_t)chunk;
-#pragma omp for schedule(static)
+            scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
+            /* dynamic: a core shared with other processes takes fewer
+             * items.  The schedule decides only who computes an output
+             * element, never the order of its sum. */
+#pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
-                columns(p, i * chunk, i * chunk + chunk < p->N ? i * chunk + chunk : p->N, mine);
+                run_item(&pl, &s, i);
         }
     }
 #endif
-    free(acc);
+    free(mem);
     return AWQ_OK;
 }
 
+const char *awq_cpu_linear_simd(void)
+{
+#ifdef AWQ_X86_DISPATCH
+    if (awq_cpu_use_avx2()) {
+        int lanes = vector_lanes();
+        if (lanes)
+            return lanes == 16 ? "avx512f+f16c" : "avx2+f16c+fma";
+    }
+#endif
+    return "scalar";
+}
+
+/* ---- tuning ---- */
+
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
 {
-    static const int64_t chunks[] = {32, 64, 128, 256};
+    static const int64_t chunks[] = {64, 128, 256, 512, 1024};
     if (!configs || cap <= 0)
         return 0;
     int n = 0;
-    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU};
-    const int max = awq_cpu_max_threads();
-    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0] && n < cap; i++) {
-        if (p != NULL && i > 0 && chunks[i - 1] >= p->N)
-            break;
-        configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU, .threads = max, .chunk = chunks[i]};
+    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
+    if (!p || p->N <= 0 || p->M <= 0)
+        return n;
+
+    int max_threads = awq_cpu_max_threads();
+    if (max_threads < 1)
+        max_threads = 1;
+    int threads[34], nt = 0;
+    for (int t = 1; t < max_threads && nt < 32; t *= 2)
+        threads[nt++] = t;
+    threads[nt++] = max_threads;
+
+    const int64_t blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
+    for (int ti = 0; ti < nt; ti++) {
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            if (ci > 0 && chunks[ci - 1] >= p->N)
+                break; /* the previous chunk already held all of N */
+            int64_t items = (p->N + chunks[ci] - 1) / chunks[ci] * blocks;
+            if (threads[ti] > 1 && threads[ti] > items)
+                continue; /* some threads would have nothing to do */
+            if (n == cap)
+                return n;
+            configs[n++] = (awq_config){
+                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
+        }
     }
     return n;
 }

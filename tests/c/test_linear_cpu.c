@@ -1,0 +1,697 @@
+/*
+ * test_linear_cpu.c -- standalone test of the host's fused linear (csrc/cpu/linear.c).
+ *
+ * Build and run from the repository root with `make -C tests/c linear`, or
+ * by hand (without the second, AVX2-only copy described below):
+ *   gcc -std=c11 -ffp-contract=off -Wall -Wextra -O1 -fopenmp -fsanitize=address,undefined \
+ *       -Icsrc tests/c/test_linear_cpu.c csrc/cpu/linear.c csrc/cpu/platform.c \
+ *       -lm -o build/test_linear_cpu && build/test_linear_cpu
+ * Exit status 0 when every check passed.
+ *
+ * Every result is checked against a float64 reference computed here from
+ * this file's own dequantization (its own float16 / bfloat16 decoding and
+ * rounding, none of the kernel's helpers):
+ *   |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of the dtype at y64,
+ * NaN where y64 is NaN, the same Inf where y64 is Inf.
+ *
+ * The scalar path is checked in a child process started before anything
+ * else (AWQ_FAST_DEQUANT_CPU_SCALAR=1 is read once per process): it runs
+ * the same checks, and its outputs must equal the vector path's bit for
+ * bit.  With -DLINEAR_NARROW (as the Makefile builds it), csrc/cpu/linear.c
+ * is linked a second time, compiled without its AVX-512 tiles and renamed
+ * awq_cpu_linear_narrow, so that on an AVX-512 machine the AVX2 tiles are
+ * checked too, against the reference and bit for bit against the others.
+ *
+ * `test_linear_cpu --bench [reps]` only times the M = 1 layer 4096 x 14336
+ * (G = 128, float16) and a large memcpy; build it without sanitizers
+ * (`make -C tests/c linear-bench`) for figures worth reading.
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu/cpu.h"
+
+#ifdef LINEAR_NARROW
+awq_status awq_cpu_linear_narrow(const awq_linear_problem *p, const awq_config *c);
+#endif
+
+static int failures, checks;
+
+#define CHECK(cond)                                                                               \
+    do {                                                                                          \
+        checks++;                                                                                 \
+        if (!(cond)) {                                                                            \
+            failures++;                                                                           \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
+        }                                                                                         \
+    } while (0)
+
+/* ---- random numbers (splitmix64) ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15u;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15u);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+    return z ^ (z >> 31);
+}
+
+static int64_t rnd_below(int64_t n) { return (int64_t)(rnd() % (uint64_t)n); }
+static double rnd_unit(void) { return (double)(rnd() >> 11) * 0x1p-53; } /* [0, 1) */
+
+/* ---- the dtypes, decoded and rounded in float64 (independent of the kernel) ---- */
+
+static const int mant_bits[3] = {10, 7, 23}; /* stored significand bits: f16, bf16, f32 */
+static const int min_exp[3] = {-14, -126, -126}; /* exponent of the smallest normal */
+static const int max_exp[3] = {15, 127, 127};
+
+static size_t dsize(awq_dtype t) { return t == AWQ_F32 ? 4 : 2; }
+
+/* The value of element i of an array of dtype t. */
+static double decode(const void *a, int64_t i, awq_dtype t)
+{
+    if (t == AWQ_F32)
+        return ((const float *)a)[i];
+    unsigned bits = ((const uint16_t *)a)[i];
+    int eb = t == AWQ_F16 ? 5 : 8, mb = mant_bits[t];
+    int bias = (1 << (eb - 1)) - 1;
+    unsigned sign = bits >> 15, e = (bits >> mb) & ((1u << eb) - 1), m = bits & ((1u << mb) - 1);
+    double v;
+    if (e == (1u << eb) - 1)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp((double)m, 1 - bias - mb);
+    else
+        v = ldexp((double)(m | (1u << mb)), (int)e - bias - mb);
+    return sign ? -v : v;
+}
+
+/* v rounded to the nearest value of dtype t (ties to even), in float64. */
+static double round_dtype(double v, awq_dtype t)
+{
+    if (isnan(v) || isinf(v) || v == 0.0)
+        return v;
+    int e;
+    frexp(fabs(v), &e); /* |v| in [2^(e-1), 2^e) */
+    int lsb = (e - 1 > min_exp[t] ? e - 1 : min_exp[t]) - mant_bits[t];
+    double r = ldexp(nearbyint(ldexp(v, -lsb)), lsb); /* nearbyint: ties to even */
+    double maxv = ldexp(2.0 - ldexp(1.0, -mant_bits[t]), max_exp[t]);
+    if (fabs(r) > maxv)
+        return v > 0 ? INFINITY : -INFINITY;
+    return r;
+}
+
+/* One unit in the last place of dtype t at |v|. */
+static double ulp_dtype(double v, awq_dtype t)
+{
+    int e;
+    frexp(fabs(v), &e);
+    if (v == 0.0 || e - 1 < min_exp[t])
+        e = min_exp[t] + 1;
+    return ldexp(1.0, e - 1 - mant_bits[t]);
+}
+
+/* Bits of a value of dtype t (v already representable in t). */
+static void encode(void *a, int64_t i, double v, awq_dtype t)
+{
+    if (t == AWQ_F32) {
+        ((float *)a)[i] = (float)v;
+        return;
+    }
+    unsigned sign = signbit(v) ? 0x8000u : 0u, bits;
+    int eb = t == AWQ_F16 ? 5 : 8, mb = mant_bits[t], bias = (1 << (eb - 1)) - 1;
+    if (isnan(v)) {
+        bits = (((1u << eb) - 1) << mb) | (1u << (mb - 1));
+    } else if (isinf(v)) {
+        bits = ((1u << eb) - 1) << mb;
+    } else if (v == 0.0) {
+        bits = 0;
+    } else {
+        int e;
+        frexp(fabs(v), &e);
+        if (e - 1 < min_exp[t]) { /* subnormal */
+            bits = (unsigned)ldexp(fabs(v), bias - 1 + mb);
+        } else {
+            double m = ldexp(fabs(v), mb - (e - 1)); /* in [2^mb, 2^(mb+1)) */
+            bits = ((unsigned)(e - 1 + bias) << mb) | ((unsigned)m & ((1u << mb) - 1));
+        }
+    }
+    ((uint16_t *)a)[i] = (uint16_t)(sign | bits);
+}
+
+/* ---- one problem ---- */
+
+typedef struct {
+    int64_t M, K, N, G;
+    awq_dtype t;
+    int has_bias;
+    uint32_t *qw, *qz;
+    void *sc, *x, *bias, *y;
+} problem;
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* A random value of dtype t with |v| in [2^lo, 2^hi) or 0, either sign. */
+static double rnd_value(awq_dtype t, int lo, int hi)
+{
+    if (rnd_below(16) == 0)
+        return rnd_below(2) ? 0.0 : -0.0;
+    double v = ldexp(1.0 + rnd_unit(), lo + (int)rnd_below(hi - lo));
+    v = round_dtype(v, t);
+    return rnd_below(2) ? -v : v;
+}
+
+/* specials: 0 none; else a few scales become NaN, +-Inf or large enough
+ * for (q - z) * s to overflow the dtype. */
+static problem make_problem(int64_t M, int64_t K, int64_t N, int64_t G, awq_dtype t, int has_bias,
+                            int specials)
+{
+    problem P = {M, K, N, G, t, has_bias, 0, 0, 0, 0, 0, 0};
+    int64_t groups = K ? K / G : 0;
+    P.qw = xmalloc((size_t)(K * N / 8) * 4);
+    P.qz = xmalloc((size_t)(groups * N / 8) * 4);
+    P.sc = xmalloc((size_t)(groups * N) * dsize(t));
+    P.x = xmalloc((size_t)(M * K) * dsize(t));
+    P.bias = has_bias ? xmalloc((size_t)N * dsize(t)) : NULL;
+    P.y = xmalloc((size_t)(M * N) * dsize(t));
+    for (int64_t i = 0; i < K * N / 8; i++)
+        P.qw[i] = (uint32_t)rnd();
+    for (int64_t i = 0; i < groups * N / 8; i++)
+        P.qz[i] = (uint32_t)rnd();
+    for (int64_t i = 0; i < groups * N; i++)
+        encode(P.sc, i, rnd_value(t, -8, -3), t);
+    for (int64_t i = 0; i < M * K; i++)
+        encode(P.x, i, rnd_value(t, -3, 1), t);
+    for (int64_t i = 0; has_bias && i < N; i++)
+        encode(P.bias, i, rnd_value(t, -4, 2), t);
+    /* NaN, +Inf, -Inf; for float16 also a scale of 8192, for which
+     * |q - z| >= 8 gives a W that rounds to Inf (for the wider types the
+     * float32 sums themselves would overflow first, where float64 does not) */
+    static const double kinds[] = {NAN, INFINITY, -INFINITY, 8192.0};
+    for (int s = 0; specials && groups && s < (t == AWQ_F16 ? 4 : 3); s++)
+        encode(P.sc, rnd_below(groups * N), rnd_below(2) ? kinds[s] : -kinds[s], t);
+    memset(P.y, 0xA5, (size_t)(M * N) * dsize(t));
+    return P;
+}
+
+static void free_problem(problem *P)
+{
+    free(P->qw);
+    free(P->qz);
+    free(P->sc);
+    free(P->x);
+    free(P->bias);
+    free(P->y);
+}
+
+static awq_linear_problem view(const problem *P)
+{
+    awq_linear_problem p = {P->x, P->qw, P->qz, P->sc, P->bias, P->y, P->M, P->K, P->N, P->G,
+                            P->t, -1, NULL};
+    return p;
+}
+
+static awq_status run(const problem *P, int threads, int64_t chunk)
+{
+    awq_linear_problem p = view(P);
+    awq_config c = {.kernel = AWQ_KERNEL_CPU, .threads = threads, .chunk = chunk};
+    return awq_cpu_linear(&p, &c);
+}
+
+/* Nibble n % 8 of a packed row, in the order of the contract (DESIGN.md
+ * section 1): column 8c + j lives in nibble REVERSE[j]. */
+static int nibble(const uint32_t *row, int64_t n)
+{
+    static const int reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    return (int)((row[n / 8] >> (4 * reverse[n % 8])) & 0xFu);
+}
+
+/* W of the contract, in float64: round_dtype((q - z) * s).  For float32
+ * scales the float64 product is exact, so rounding it once to float32 is
+ * float32's correctly rounded product, as the contract asks. */
+static double weight(const problem *P, int64_t k, int64_t n)
+{
+    int64_t g = k / P->G;
+    int q = nibble(P->qw + k * (P->N / 8), n), z = nibble(P->qz + g * (P->N / 8), n);
+    return round_dtype((double)(q - z) * decode(P->sc, g * P->N + n, P->t), P->t);
+}
+
+/* Checks y against the float64 reference; returns the number of bad elements. */
+static int64_t check_reference(const problem *P, const char *what)
+{
+    double *w = xmalloc((size_t)(P->K * P->N) * sizeof(double));
+    for (int64_t k = 0; k < P->K; k++)
+        for (int64_t n = 0; n < P->N; n++)
+            w[k * P->N + n] = weight(P, k, n);
+    int64_t bad = 0;
+    for (int64_t m = 0; m < P->M; m++) {
+        for (int64_t n = 0; n < P->N; n++) {
+            double s = 0.0, a = 0.0;
+            for (int64_t k = 0; k < P->K; k++) {
+                double xv = decode(P->x, m * P->K + k, P->t), wv = w[k * P->N + n];
+                s += xv * wv;
+                a += fabs(xv) * fabs(wv);
+            }
+            if (P->has_bias)
+                s += decode(P->bias, n, P->t);
+            double y = decode(P->y, m * P->N + n, P->t);
+            double tol = 0x1p-9 * a + ulp_dtype(s, P->t);
+            int ok;
+            if (isnan(s))
+                ok = isnan(y);
+            else if (isinf(s))
+                ok = y == s;
+            else if (isinf(y)) /* only where the tolerance reaches past the dtype's range */
+                ok = round_dtype(s + copysign(tol, y), P->t) == y;
+            else
+                ok = !isnan(y) && fabs(y - s) <= tol;
+            if (!ok && bad++ < 3)
+                fprintf(stderr,
+                        "%s: M=%lld K=%lld N=%lld G=%lld %s bias=%d: y[%lld, %lld] = %.9g, "
+                        "reference %.9g (|x|@|W| %.6g)\n",
+                        what, (long long)P->M, (long long)P->K, (long long)P->N, (long long)P->G,
+                        awq_dtype_name(P->t), P->has_bias, (long long)m, (long long)n, y, s, a);
+        }
+    }
+    free(w);
+    return bad;
+}
+
+/* Same bits, except that any two NaNs are equal (payloads may differ). */
+static int same_bits(const void *a, const void *b, int64_t n, awq_dtype t)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double u = decode(a, i, t), v = decode(b, i, t);
+        if (isnan(u) || isnan(v)) {
+            if (!(isnan(u) && isnan(v)))
+                return 0;
+        } else if (memcmp((const char *)a + i * dsize(t), (const char *)b + i * dsize(t),
+                          dsize(t))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- the random sweep ---- */
+
+/* K, G pairs: tails of the 64-row blocks, G = K, G = 1, one group. */
+static const int64_t KG[][2] = {{1, 1},     {7, 7},     {64, 64},  {96, 32}, {100, 50},
+                                {128, 128}, {200, 8},   {256, 64}, {300, 3}, {384, 128},
+                                {129, 129}, {512, 512}, {260, 65}};
+/* N: one word, tails of the 64- and 128-column tiles and of the chunks */
+static const int64_t NS[] = {8, 16, 56, 64, 72, 120, 136, 200, 256, 328};
+
+#define SWEEP 90
+
+/* Problem i of the sweep: the same sequence in every process. */
+static problem sweep_problem(int i)
+{
+    rng_state = 0x1234567u + (uint64_t)i * 7919u;
+    int64_t M = 1 + rnd_below(17);
+    if (i % 3 == 0)
+        M = 1 + rnd_below(4); /* the sizes the fused path is for */
+    const int64_t *kg = KG[rnd_below(sizeof KG / sizeof KG[0])];
+    int64_t N = NS[rnd_below(sizeof NS / sizeof NS[0])];
+    awq_dtype t = (awq_dtype)(i % 3);
+    return make_problem(M, kg[0], N, kg[1], t, (int)rnd_below(2), i % 4 == 1);
+}
+
+/* Runs the sweep: reference checks, determinism (repeat, thread counts,
+ * chunks); writes every output to fd (when >= 0), in order. */
+static void sweep(const char *what, int fd)
+{
+    static const int64_t chunks[] = {0, 8, 24, 64, 72, 136, 1024};
+    for (int i = 0; i < SWEEP; i++) {
+        problem P = sweep_problem(i);
+        size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        CHECK(check_reference(&P, what) == 0);
+        void *first = xmalloc(bytes);
+        memcpy(first, P.y, bytes);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        CHECK(memcmp(first, P.y, bytes) == 0); /* the same call twice: the same bits */
+        for (int threads = 1; threads <= 3; threads++) {
+            int64_t chunk = chunks[(i + threads) % (sizeof chunks / sizeof chunks[0])];
+            memset(P.y, 0x5A, bytes);
+            CHECK(run(&P, threads, chunk) == AWQ_OK);
+            if (memcmp(first, P.y, bytes) != 0) {
+                fprintf(stderr, "%s: problem %d: threads %d chunk %lld changed the bits\n", what,
+                        i, threads, (long long)chunk);
+                CHECK(0);
+            }
+        }
+        if (fd >= 0 && write(fd, first, bytes) != (ssize_t)bytes) {
+            fprintf(stderr, "write: %s\n", strerror(errno));
+            CHECK(0);
+        }
+        free(first);
+        free_problem(&P);
+    }
+}
+
+/* ---- fixed cases ---- */
+
+/* A worked example by hand: K = 2, N = 8, G = 2, float32, M = 1.
+ * Word 0x76543210: nibble i holds the value i, so column j reads nibble
+ * REVERSE[j] = {0, 4, 1, 5, 2, 6, 3, 7}[j].  Zero points all 3, scales
+ * 0.5: W[0, j] = (REVERSE[j] - 3) * 0.5.  Row 1 is 0xFFFFFFFF: W[1, j] =
+ * (15 - 3) * 0.5 = 6.  x = [2, 1], bias[j] = j:
+ *   y[j] = 2 (REVERSE[j] - 3) 0.5 + 6 + j = REVERSE[j] + 3 + j. */
+static void test_worked_example(void)
+{
+    uint32_t qw[2] = {0x76543210u, 0xFFFFFFFFu}, qz[1] = {0x33333333u};
+    float sc[8], x[2] = {2.0f, 1.0f}, bias[8], y[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = 0.5f;
+        bias[j] = (float)j;
+    }
+    awq_linear_problem p = {x, qw, qz, sc, bias, y, 1, 2, 8, 2, AWQ_F32, -1, NULL};
+    awq_config c = {.kernel = AWQ_KERNEL_CPU};
+    CHECK(awq_cpu_linear(&p, &c) == AWQ_OK);
+    static const int reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    for (int j = 0; j < 8; j++)
+        CHECK(y[j] == (float)(reverse[j] + 3 + j));
+}
+
+static void test_edges(void)
+{
+    /* K = 0: y = bias (or zeros) */
+    rng_state = 42;
+    problem P = make_problem(3, 0, 16, 1, AWQ_BF16, 1, 0);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t i = 0; i < 3 * 16; i++)
+        CHECK(((uint16_t *)P.y)[i] == ((uint16_t *)P.bias)[i % 16]);
+    free_problem(&P);
+    P = make_problem(2, 0, 8, 1, AWQ_F32, 0, 0);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t i = 0; i < 2 * 8; i++)
+        CHECK(((float *)P.y)[i] == 0.0f);
+    free_problem(&P);
+
+    /* M = 0 and N = 0 write nothing */
+    P = make_problem(0, 64, 8, 64, AWQ_F16, 0, 0);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    free_problem(&P);
+    P = make_problem(3, 64, 0, 64, AWQ_F16, 1, 0);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    free_problem(&P);
+
+    /* configurations the kernel refuses, before touching y */
+    P = make_problem(2, 64, 16, 32, AWQ_F16, 1, 0);
+    awq_linear_problem p = view(&P);
+    const awq_config bad[] = {
+        {.kernel = AWQ_KERNEL_CPU, .chunk = 12},
+        {.kernel = AWQ_KERNEL_CPU, .chunk = -8},
+        {.kernel = AWQ_KERNEL_CPU, .threads = -1},
+        {.kernel = AWQ_KERNEL_V4},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(awq_cpu_linear(&p, &bad[i]) == AWQ_ERR_CONFIG);
+        for (int64_t j = 0; j < 2 * 16; j++)
+            CHECK(((uint16_t *)P.y)[j] == 0xA5A5u);
+    }
+    /* kernel "auto" is the CPU kernel; a chunk past N is clamped */
+    awq_config autoc = {.kernel = AWQ_KERNEL_AUTO, .chunk = 1 << 20};
+    CHECK(awq_cpu_linear(&p, &autoc) == AWQ_OK);
+    CHECK(check_reference(&P, "auto, huge chunk") == 0);
+    free_problem(&P);
+
+    /* every scale NaN, or every scale +Inf with q == z somewhere: NaN out */
+    rng_state = 7;
+    P = make_problem(2, 128, 64, 64, AWQ_F16, 0, 0);
+    for (int64_t i = 0; i < 2 * 64; i++)
+        encode(P.sc, i, NAN, AWQ_F16);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t i = 0; i < 2 * 64; i++)
+        CHECK(isnan(decode(P.y, i, AWQ_F16)));
+    free_problem(&P);
+
+    /* an Inf scale with q != z everywhere and positive x: +-Inf out, not NaN */
+    P = make_problem(1, 32, 8, 32, AWQ_BF16, 1, 0);
+    for (int64_t k = 0; k < 32; k++)
+        P.qw[k] = 0x99999999u; /* q = 9 */
+    P.qz[0] = 0x11111111u;     /* z = 1: q - z = 8 */
+    for (int64_t n = 0; n < 8; n++)
+        encode(P.sc, n, n % 2 ? -INFINITY : INFINITY, AWQ_BF16);
+    for (int64_t k = 0; k < 32; k++)
+        encode(P.x, k, 1.0 + (double)k / 64, AWQ_BF16);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t n = 0; n < 8; n++)
+        CHECK(decode(P.y, n, AWQ_BF16) == (n % 2 ? -INFINITY : INFINITY));
+    CHECK(check_reference(&P, "inf scales") == 0);
+    free_problem(&P);
+
+    /* float16 W that overflows to Inf through rounding alone: 15 * 4368 = 65520 */
+    P = make_problem(1, 8, 8, 8, AWQ_F16, 0, 0);
+    for (int64_t k = 0; k < 8; k++)
+        P.qw[k] = k == 3 ? 0xFFFFFFFFu : 0u;
+    P.qz[0] = 0u;
+    for (int64_t n = 0; n < 8; n++)
+        encode(P.sc, n, 4368.0, AWQ_F16);
+    for (int64_t k = 0; k < 8; k++)
+        encode(P.x, k, 0.25, AWQ_F16);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t n = 0; n < 8; n++)
+        CHECK(decode(P.y, n, AWQ_F16) == INFINITY); /* float32 math alone would give 16380 */
+    free_problem(&P);
+}
+
+/* Products are rounded to float32 before they are added (DESIGN.md section
+ * 7): for bfloat16 and float32, x * W may overflow float32 where a fused
+ * multiply-add would still see a finite sum.  Rows 0 and 1 share a group
+ * (scale 2^120, zero point 0): x0 W0 = -2^7 * 2^120 = -2^127, then x1 W1 =
+ * 2^7 * 2^121 = 2^128, which is +Inf in float32, so y = +Inf (float64 and
+ * a fused form would give 2^127). */
+static void test_products_round_first(void)
+{
+    for (int t = AWQ_BF16; t <= AWQ_F32; t++) {
+        rng_state = 11;
+        problem P = make_problem(1, 2, 8, 2, (awq_dtype)t, 0, 0);
+        P.qw[0] = 0x11111111u; /* q = 1 */
+        P.qw[1] = 0x22222222u; /* q = 2 */
+        P.qz[0] = 0u;
+        for (int64_t n = 0; n < 8; n++)
+            encode(P.sc, n, 0x1p120, (awq_dtype)t);
+        encode(P.x, 0, -0x1p7, (awq_dtype)t);
+        encode(P.x, 1, 0x1p7, (awq_dtype)t);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        for (int64_t n = 0; n < 8; n++)
+            CHECK(decode(P.y, n, (awq_dtype)t) == INFINITY);
+        free_problem(&P);
+    }
+}
+
+static void test_candidates(void)
+{
+    rng_state = 99;
+    problem P = make_problem(3, 256, 200, 128, AWQ_F16, 1, 0);
+    awq_linear_problem p = view(&P);
+    awq_config cands[64];
+    int n = awq_cpu_linear_candidates(&p, cands, 64);
+    CHECK(n >= 1);
+    CHECK(cands[0].kernel == AWQ_KERNEL_CPU && cands[0].threads == 0 && cands[0].chunk == 0);
+    CHECK(awq_cpu_linear_candidates(&p, cands, 1) == 1);
+    CHECK(awq_cpu_linear_candidates(&p, cands, 0) == 0);
+    n = awq_cpu_linear_candidates(&p, cands, 64);
+    size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
+    CHECK(awq_cpu_linear(&p, &cands[0]) == AWQ_OK);
+    void *first = xmalloc(bytes);
+    memcpy(first, P.y, bytes);
+    for (int i = 1; i < n; i++) {
+        CHECK(cands[i].kernel == AWQ_KERNEL_CPU);
+        CHECK(cands[i].chunk > 0 && cands[i].chunk % 8 == 0);
+        CHECK(cands[i].chunk < 2 * 256); /* nothing past the chunk that covers N = 200 */
+        CHECK(cands[i].threads >= 1 && cands[i].threads <= awq_cpu_max_threads());
+        memset(P.y, 0, bytes);
+        CHECK(awq_cpu_linear(&p, &cands[i]) == AWQ_OK);
+        CHECK(memcmp(first, P.y, bytes) == 0); /* every candidate: the same bits */
+    }
+    free(first);
+    free_problem(&P);
+}
+
+/* ---- timing (printed, never asserted) ---- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Large buffers on huge pages where the kernel allows, as NumPy's are. */
+static void *big_alloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 1 << 21, n) != 0) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+    memset(p, 0, n);
+    return p;
+}
+
+static void bench(int reps)
+{
+    const int64_t K = 4096, N = 14336, G = 128, M = 1;
+    awq_linear_problem p = {0};
+    size_t qwb = (size_t)(K * N / 2), qzb = (size_t)(K / G * N / 2), scb = (size_t)(K / G * N) * 2;
+    uint32_t *qw = big_alloc(qwb), *qz = big_alloc(qzb);
+    uint16_t *sc = big_alloc(scb), *x = big_alloc((size_t)(M * K) * 2),
+             *y = big_alloc((size_t)(M * N) * 2);
+    rng_state = 5;
+    for (size_t i = 0; i < qwb / 4; i++)
+        qw[i] = (uint32_t)rnd();
+    for (size_t i = 0; i < qzb / 4; i++)
+        qz[i] = (uint32_t)rnd();
+    for (int64_t i = 0; i < K / G * N; i++)
+        encode(sc, i, rnd_value(AWQ_F16, -8, -3), AWQ_F16);
+    for (int64_t i = 0; i < M * K; i++)
+        encode(x, i, rnd_value(AWQ_F16, -3, 1), AWQ_F16);
+    p = (awq_linear_problem){x, qw, qz, sc, NULL, y, M, K, N, G, AWQ_F16, -1, NULL};
+    awq_config c = {.kernel = AWQ_KERNEL_CPU};
+    double best = 1e30;
+    for (int r = 0; r < reps + 2; r++) {
+        double t0 = now_s();
+        awq_status s = awq_cpu_linear(&p, &c);
+        double dt = now_s() - t0;
+        CHECK(s == AWQ_OK);
+        if (r >= 2 && dt < best)
+            best = dt;
+    }
+    double packed = (double)(qwb + qzb + scb);
+    printf("linear M=1 K=%lld N=%lld G=%lld float16 (%s, %d threads): best of %d %.3f ms, "
+           "%.2f GB/s of packed weights+zeros+scales\n",
+           (long long)K, (long long)N, (long long)G, awq_cpu_linear_simd(), awq_cpu_max_threads(),
+           reps,
+           best * 1e3, packed / best * 1e-9);
+
+    /* memcpy of a large array, the same measure as np.copyto's rate */
+    size_t cb = (size_t)256 << 20;
+    char *a = big_alloc(cb), *b = big_alloc(cb);
+    memset(a, 1, cb);
+    double cbest = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        memcpy(b, a, cb);
+        double dt = now_s() - t0;
+        if (dt < cbest)
+            cbest = dt;
+    }
+    printf("memcpy of %zu MiB: %.2f GB/s (bytes copied per second); linear/memcpy rate %.2f\n",
+           cb >> 20, (double)cb / cbest * 1e-9, packed / best / ((double)cb / cbest));
+    printf("time_ms %.4f packed_bytes %.0f\n", best * 1e3, packed);
+    free(a);
+    free(b);
+    free(qw);
+    free(qz);
+    free(sc);
+    free(x);
+    free(y);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
+        bench(argc >= 3 ? atoi(argv[2]) : 20);
+        return failures ? 1 : 0;
+    }
+
+    /* The scalar path, in a child that starts before any kernel ran here:
+     * its outputs go to a file the parent compares with its own. */
+    FILE *f = tmpfile();
+    if (!f) {
+        perror("tmpfile");
+        return 2;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 2;
+    }
+    if (pid == 0) {
+        setenv("AWQ_FAST_DEQUANT_CPU_SCALAR", "1", 1);
+        sweep("scalar path", fileno(f));
+        test_worked_example();
+        test_edges();
+        test_products_round_first();
+        fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_linear_simd(), checks,
+                failures);
+        fflush(NULL);
+        _exit(failures ? 1 : 0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    int vector = strcmp(awq_cpu_linear_simd(), "scalar") != 0;
+    printf("path %s, %d OpenMP threads\n", awq_cpu_linear_simd(), awq_cpu_max_threads());
+    sweep(vector ? "vector path" : "default path", -1);
+    test_worked_example();
+    test_edges();
+    test_products_round_first();
+    test_candidates();
+
+    /* the vector path's outputs equal the scalar path's, bit for bit (and
+     * the AVX2 tiles', where they are linked in as well) */
+    int mismatches = 0;
+    off_t at = 0;
+    for (int i = 0; i < SWEEP; i++) {
+        problem P = sweep_problem(i);
+        size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        void *other = xmalloc(bytes);
+        ssize_t got = pread(fileno(f), other, bytes, at);
+        at += (off_t)bytes;
+        if (got != (ssize_t)bytes || !same_bits(other, P.y, P.M * P.N, P.t)) {
+            if (mismatches++ < 3)
+                fprintf(stderr, "problem %d: the scalar and vector paths differ\n", i);
+            CHECK(0);
+        }
+#ifdef LINEAR_NARROW
+        memcpy(other, P.y, bytes);
+        memset(P.y, 0x5A, bytes);
+        awq_linear_problem p = view(&P);
+        awq_config c = {.kernel = AWQ_KERNEL_CPU, .threads = 1 + i % 3, .chunk = 8 * (i % 40)};
+        CHECK(awq_cpu_linear_narrow(&p, &c) == AWQ_OK);
+        CHECK(check_reference(&P, "AVX2 tiles") == 0);
+        if (!same_bits(other, P.y, P.M * P.N, P.t)) {
+            if (mismatches++ < 3)
+                fprintf(stderr, "problem %d: the AVX2 and default vector paths differ\n", i);
+            CHECK(0);
+        }
+#endif
+        free(other);
+        free_problem(&P);
+    }
+    fclose(f);
+
+    bench(1);
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}
