@@ -656,7 +656,7 @@ __device__ __forceinline__ void simt_slice(const SimtArgs &a, int64_t c, int64_t
         for (int p = 0; p < kPairsPerWord; ++p) zpair[p] = (zword >> (kNibbleBits * p)) & kPairMask;
 
         const uint32_t *qp = a.qweight + k * a.W + c;
-        for (; k < kend; k += kSimtUnroll, qp += kSimtUnroll * a.W) {
+        while (k < kend) {
             const int n = (int)min64(kSimtUnroll, kend - k);
             uint32_t w[kSimtUnroll];
             float xv[ROWS][kSimtUnroll];
@@ -677,6 +677,9 @@ __device__ __forceinline__ void simt_slice(const SimtArgs &a, int64_t c, int64_t
 #pragma unroll
                     for (int j = 0; j < AWQ_COLS_PER_WORD; ++j) acc[r][j] = fmaf(xv[r][u], wv[j], acc[r][j]);
             }
+            /* n rows, not kSimtUnroll: the group (or the slice) may end mid-batch */
+            k += n;
+            qp += n * a.W;
         }
     }
 }
