@@ -214,9 +214,13 @@ def _plot_linear(plt, result, layer, path):
                 ys.append(us)
                 if rec.get("within_tolerance") is False:
                     bad.append((p["M"], us))
+        label = name
+        if name == "fused" and any((p["impls"].get(name) or {}).get("materializes_w") is True
+                                   for p in points):
+            label += " (W materialized: the dequantize path)"
         if xs:
             ax.plot(xs, ys, color=color, marker=marker, linestyle=line, linewidth=1.4,
-                    markersize=4, label=name)
+                    markersize=4, label=label)
         if bad:
             ax.scatter(*zip(*bad), s=90, facecolors="none", edgecolors="red", linewidths=1.5,
                        label=f"{name}: outside the tolerance", zorder=5)
