@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU half needs checked, in one call on a CUDA machine:
 # build, the test suite, the compute-sanitizer sweep, the full benchmark, four
-# host-only reruns of the benchmark (two per launch path), and the host-time
-# probe.  Full logs go to
+# host-only reruns of the benchmark (two per launch path), the host-time
+# probe, and the linear benchmark (bench --linear).  Full logs go to
 # $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -15,7 +15,9 @@ OUT=${OUT:-$R/device_out}
 mkdir -p "$OUT"
 export AWQ_FAST_DEQUANT_CUDA_ARCHS=${AWQ_FAST_DEQUANT_CUDA_ARCHS:-90}
 
-# Seven files in all (bench.txt, checks.log, host.txt, h200.json, three plots).
+# Seven files for the dequantize half (bench.txt, checks.log, host.txt,
+# h200.json, three plots); the linear half adds bench_linear.txt,
+# h200_linear.json and one plot per layer (h200_linear_*.png, nine).
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.limit,temperature.gpu,driver_version \
     --format=csv > "$OUT/checks.log" 2>&1
 # A copied tree may carry a stale .git: the caller names the commit.
@@ -46,13 +48,22 @@ for path in driver runtime driver runtime; do
     unset AWQ_FAST_DEQUANT_RUNTIME_LAUNCH
 done
 python3 "$R/scripts/host_probe.py" > "$OUT/host_probe.tmp" 2>&1
+# linear(): every path against the dense matmul over M, the targets' verdict.
+# The host overhead of linear() is in the runs above; the autotune cache is
+# the same fresh one, so auto tunes here.
+python3 -m awq_fast_dequant bench --linear --no-progress --no-host \
+    --json "$OUT/h200_linear.json" --plot "$OUT/h200" > "$OUT/bench_linear.txt" 2>&1
+echo "bench --linear rc $?" >> "$OUT/bench_linear.txt"
 
 # The summary (the device tool returns the end of the output).
 grep -E "passed|failed|FAILED|pytest rc|sanitizer rc|ERROR SUMMARY" "$OUT/checks.log" | tail -6
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
 sed -n '/^shape       winner/,/^margin/p' "$OUT/bench.txt"
 sed -n '/^call (shape/,/^torch baseline/p' "$OUT/bench.txt"
-grep -E "launch path|launched through|floor|out=out\)  |allocating  " "$OUT/host.txt"
+grep -E "launch path|launched through|floor|out=out\)  |allocating  |^linear\(" "$OUT/host.txt"
 cat "$OUT/host_probe.tmp"
 cat "$OUT/host_probe.tmp" >> "$OUT/host.txt"
 rm -f "$OUT/host_probe.tmp"
+sed -n '/^Dispatcher choice per M/,/^the kernel of each/p' "$OUT/bench_linear.txt"
+sed -n '/^Verdict: the targets/,/^result:/p' "$OUT/bench_linear.txt" | head -45
+grep -E "^bench --linear rc" "$OUT/bench_linear.txt"

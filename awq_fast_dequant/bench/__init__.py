@@ -10,10 +10,17 @@ and its share of a copy measured in the same run; host microseconds per call
 with the GPU kept busy; optionally a block-size sweep (--sweep) and a prefill
 layer benchmark (--prefill).
 
+--linear benchmarks linear() instead (DESIGN.md section 7): per layer, dtype
+and rows M of x, the fused, auto and dequant+matmul paths and a dense matmul,
+each result checked within the tolerance against a float64 reference; times
+against the floor model and the dense matmul, the dispatcher's choice per M,
+and the verdict of the targets (docs/BENCHMARKS.md, "linear").
+
 Exit status: 0 when everything ran and every one of our implementations
 (v1..v4, smart, cpu, and the torch/numpy baselines) was bit-exact on every
-trial; 1 otherwise; 2 for a bad command line. Peers (vllm, sglang) that
-differ are reported, not failed.
+trial -- with --linear, every linear path within the tolerance on every
+trial, and with --strict every target met; 1 otherwise; 2 for a bad command
+line. Peers (vllm, sglang) and the dense baseline are reported, not failed.
 
 Public names, for scripts and tests:
 
@@ -22,6 +29,9 @@ Public names, for scripts and tests:
   implementation fn(case) to every later run of this process. The
   environment variable AWQ_FAST_DEQUANT_BENCH_INJECT=name adds one that is
   deliberately one ulp off, held to the contract like ours.
+- register_linear_impl(name, fn, ours=True) / unregister_linear_impl(name):
+  the same for the rows of --linear, fn(linear case) returning y; there the
+  injected one exchanges two output columns.
 - PRESETS, Shape, bytes_moved: the layer shapes and their roofline bytes.
 - make_inputs, Case, cuda_case: the benchmark's data, on a device.
 - CudaTimer, cuda_copy_bandwidth: cold-L2 timing between CUDA events, and the
@@ -34,7 +44,8 @@ Public names, for scripts and tests:
 
 from ._dev import empty_launch, launch_config, launch_path
 from .cases import Case, cuda_case, make_inputs
-from .impls import register_impl, unregister_impl
+from .impls import (register_impl, register_linear_impl, unregister_impl,
+                    unregister_linear_impl)
 from .report import table as text_table
 from .run import main
 from .shapes import PRESETS, Shape, bytes_moved
@@ -44,6 +55,8 @@ __all__ = [
     "main",
     "register_impl",
     "unregister_impl",
+    "register_linear_impl",
+    "unregister_linear_impl",
     "PRESETS",
     "Shape",
     "bytes_moved",

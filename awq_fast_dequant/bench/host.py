@@ -23,9 +23,11 @@ HOST_CALLS_TORCH = 40
 HOST_SLEEP_CYCLES = 200_000_000
 
 HOST_FLOOR_CASE = "empty kernel launch (floor)"
-# The cases, in this order (measure_host builds them).
+# The cases, in this order (measure_host builds them). The linear ones take x
+# of one row (M = 1, the decode step) on the same layer.
 HOST_CASES = (HOST_FLOOR_CASE, "dequantize(out=out)", "dequantize() allocating",
-              "smart_dequantize(out=out) cache hit", "torch baseline (allocating)")
+              "smart_dequantize(out=out) cache hit", "linear(out=out) fused, M=1",
+              "linear(out=out) auto, M=1 cache hit", "torch baseline (allocating)")
 
 
 def _keep_gpu_busy(torch, device, cycles: int) -> None:
@@ -121,7 +123,7 @@ def host_overhead(torch, device, cases: dict[str, tuple[Callable[[], Any], int]]
 def measure_host(ctx) -> dict:
     """The host-overhead record of the run: every case of HOST_CASES on
     --host-shape, with the cache statistics around it."""
-    from .. import cache_stats, dequantize, smart_dequantize
+    from .. import cache_stats, dequantize, linear, smart_dequantize
 
     torch, cfg = ctx.torch, ctx.cfg
     K, N = cfg.host_kn
@@ -131,6 +133,8 @@ def measure_host(ctx) -> dict:
     case = ctx.backend.case(Shape("host", K, N, G), dtype, make_inputs(K, N, G, dtype, cfg.seed))
     qw, qz, sc, out = case.qweight, case.qzeros, case.scales, case.out
     dt = getattr(torch, dtype)
+    x = torch.randn(1, K, device=qw.device).to(dt)
+    y = torch.empty(1, N, dtype=dt, device=qw.device)
     dev_index = qw.device.index
     stream = torch.cuda.current_stream(qw.device).cuda_stream
     empty_launch = _dev.empty_launch
@@ -141,13 +145,15 @@ def measure_host(ctx) -> dict:
         (lambda: dequantize(qw, qz, sc, group_size=G, out=out), HOST_CALLS_OURS),
         (lambda: dequantize(qw, qz, sc, group_size=G), HOST_CALLS_OURS),
         (lambda: smart_dequantize(qw, qz, sc, group_size=G, out=out), HOST_CALLS_OURS),
+        (lambda: linear(x, qw, qz, sc, group_size=G, out=y, path="fused"), HOST_CALLS_OURS),
+        (lambda: linear(x, qw, qz, sc, group_size=G, out=y), HOST_CALLS_OURS),
         (lambda: torch_dequantize(qw, qz, sc, G, dt), HOST_CALLS_TORCH),
     )))
     before = safe(cache_stats)
     measured = host_overhead(torch, ctx.backend.device, cases, repeats=cfg.host_repeats,
                              sleep_cycles=HOST_SLEEP_CYCLES, progress=ctx.bar)
     after = safe(cache_stats)
-    del case
+    del case, x, y
     ctx.backend.release()
     return {"label": f"{K}x{N}", "K": K, "N": N, "G": G, "dtype": dtype,
             "method": "calls timed with perf_counter_ns while torch.cuda._sleep keeps the "

@@ -200,13 +200,64 @@ def off_by_one_ulp(case: Case):
     return out
 
 
+def _injected(environ) -> list[str]:
+    return [n.strip() for n in (environ.get(INJECT_ENV) or "").split(",") if n.strip()]
+
+
 def registered_impls(environ) -> dict[str, tuple[Callable[[Case], Any], bool]]:
     """register_impl's entries plus the wrong ones named by the environment."""
     found = dict(_REGISTERED)
-    for name in (environ.get(INJECT_ENV) or "").split(","):
-        name = name.strip()
-        if name:
-            found[name] = (off_by_one_ulp, True)
+    for name in _injected(environ):
+        found[name] = (off_by_one_ulp, True)
+    return found
+
+
+# name -> (fn(linear case) -> y, ours): the rows --linear adds to its own.
+_REGISTERED_LINEAR: dict[str, tuple[Callable[[Any], Any], bool]] = {}
+
+
+def register_linear_impl(name: str, fn: Callable[[Any], Any], *, ours: bool = True) -> None:
+    """Add a row to every later --linear run of this process.
+
+    fn(case) returns y [M, N] for a linear case (case.x, .qweight, .qzeros,
+    .scales, .group_size, .dtype, .M, .out: the [M, N] buffer it may write;
+    NumPy arrays on the CPU device, torch tensors on CUDA). With ours=True
+    it is held to the tolerance of DESIGN.md section 7: one element outside
+    makes the run exit non-zero.
+    """
+    if not isinstance(name, str) or not name or "," in name:
+        raise ValueError(f"register_linear_impl: name must be a non-empty string without "
+                         f"commas; got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"register_linear_impl: fn must be callable as fn(case); "
+                        f"got {type(fn).__name__}")
+    _REGISTERED_LINEAR[name] = (fn, ours)
+
+
+def unregister_linear_impl(name: str) -> None:
+    """Remove a row added by register_linear_impl (no error if absent)."""
+    _REGISTERED_LINEAR.pop(name, None)
+
+
+def swapped_columns(case):
+    """A deliberately wrong linear: the fused result with output columns 0 and
+    1 exchanged, as a nibble-order mistake would leave them. The --linear
+    test hook of AWQ_FAST_DEQUANT_BENCH_INJECT."""
+    from .. import linear
+
+    y = linear(case.x, case.qweight, case.qzeros, case.scales, group_size=case.group_size,
+               out=case.out, path="fused")
+    first = y[:, 0].copy() if isinstance(y, np.ndarray) else y[:, 0].clone()
+    y[:, 0] = y[:, 1]
+    y[:, 1] = first
+    return y
+
+
+def registered_linear_impls(environ) -> dict[str, tuple[Callable[[Any], Any], bool]]:
+    """register_linear_impl's entries plus the wrong ones named by the environment."""
+    found = dict(_REGISTERED_LINEAR)
+    for name in _injected(environ):
+        found[name] = (swapped_columns, True)
     return found
 
 

@@ -1,5 +1,6 @@
 """The PNG plots of a run (--plot): GB/s per shape and implementation, host
-microseconds per call, and the prefill share. Reads the result dict only."""
+microseconds per call, the prefill share, and with --linear one plot per
+layer and dtype of time against M. Reads the result dict only."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ import os
 
 from .host import HOST_FLOOR_CASE
 
+def _base(spec: str) -> str:
+    if spec.endswith(("/", os.sep)) or os.path.isdir(spec):
+        return os.path.join(spec, "bench")
+    return spec
+
+
 def plot_paths(spec: str) -> dict[str, str]:
     """--plot PATH: a folder (existing, or ending in '/') gets bench_*.png,
     anything else is a prefix: PATH_gbps.png, PATH_host.png, PATH_prefill.png."""
-    if spec.endswith(("/", os.sep)) or os.path.isdir(spec):
-        base = os.path.join(spec, "bench")
-    else:
-        base = spec
+    base = _base(spec)
     return {k: f"{base}_{k}.png" for k in ("gbps", "host", "prefill")}
+
+
+def linear_plot_path(spec: str, layer: dict) -> str:
+    """PATH_linear_<model>_<K>x<N>_<dtype>.png: one per layer and dtype."""
+    return f"{_base(spec)}_linear_{layer.get('model')}_{layer['label']}_{layer['dtype']}.png"
 
 
 def _title_context(result: dict) -> str:
@@ -49,6 +58,11 @@ def write_plots(result: dict, spec: str) -> tuple[list[str], str | None]:
     if any(s.get("prefill") for s in result["shapes"]):
         _plot_prefill(plt, result, paths["prefill"])
         written.append(paths["prefill"])
+    for layer in (result.get("linear") or {}).get("layers", []):
+        if layer.get("points"):
+            path = linear_plot_path(spec, layer)
+            _plot_linear(plt, result, layer, path)
+            written.append(path)
     return written, None
 
 
@@ -172,6 +186,66 @@ def _plot_prefill(plt, result, path):
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+# The rows of a --linear plot and how each is drawn.
+_LINEAR_STYLE = {"fused": ("tab:blue", "o", "-"), "auto": ("tab:green", "s", "-"),
+                 "dequant+matmul": ("tab:orange", "^", "-"), "dense": ("tab:gray", "D", "--")}
+
+
+def _plot_linear(plt, result, layer, path):
+    points = layer["points"]
+    ms = [p["M"] for p in points]
+    fig, ax = plt.subplots(figsize=(8.0, 5.2))
+    names = []
+    for p in points:
+        names += [n for n in p["impls"] if n not in names]
+    for i, name in enumerate(names):
+        color, marker, line = _LINEAR_STYLE.get(name, (plt.get_cmap("tab10")(4 + i), "x", ":"))
+        xs, ys, bad = [], [], []
+        for p in points:
+            rec = p["impls"].get(name) or {}
+            us = (rec.get("stats") or {}).get("median_us")
+            if us:
+                xs.append(p["M"])
+                ys.append(us)
+                if rec.get("within_tolerance") is False:
+                    bad.append((p["M"], us))
+        label = name
+        if name == "fused" and any((p["impls"].get(name) or {}).get("materializes_w") is True
+                                   for p in points):
+            label += " (W materialized: the dequantize path)"
+        if xs:
+            ax.plot(xs, ys, color=color, marker=marker, linestyle=line, linewidth=1.4,
+                    markersize=4, label=label)
+        if bad:
+            ax.scatter(*zip(*bad), s=90, facecolors="none", edgecolors="red", linewidths=1.5,
+                       label=f"{name}: outside the tolerance", zorder=5)
+    floor = [(p["M"], p["floor_model_us"]) for p in points if p.get("floor_model_us")]
+    if floor:
+        ax.plot(*zip(*floor), color="black", linestyle=":", linewidth=1.4,
+                label="floor model (launch + max(bytes at copy BW, FLOPs at peak))")
+    cross = layer.get("crossover_M")
+    if cross:
+        ax.axvline(cross, color="tab:red", linestyle="--", linewidth=1.0,
+                   label=f"crossover: auto picks dequant+matmul from M = {cross}")
+    else:
+        ax.plot([], [], " ", label="no crossover: auto fuses at every M timed")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ms, [str(m) for m in ms], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel("M (rows of x)")
+    ax.set_ylabel("median time per call (us, log scale)")
+    ax.set_title(f"linear {layer.get('model')} {layer['K']}×{layer['N']}, {layer['dtype']}, "
+                 f"G={layer['G']}: {_title_context(result).split(',')[0]} (lower is better)",
+                 fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

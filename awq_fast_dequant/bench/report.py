@@ -227,7 +227,8 @@ def print_report(result: dict, file=sys.stdout) -> None:
     cfg = result["config"]
     env = result.get("environment") or {}
     where = (env.get("gpu") or {}).get("name") if cfg["device"] != "cpu" else env.get("cpu")
-    head = (f"awq_fast_dequant bench: {where} ({cfg['device']}), {cfg['dtype']}, "
+    what = "linear " + ",".join(cfg.get("dtypes") or [cfg["dtype"]]) if cfg.get("linear") else cfg["dtype"]
+    head = (f"awq_fast_dequant bench: {where} ({cfg['device']}), {what}, "
             f"{cfg['trials']} trials x {cfg['runs']} runs, cache flush {cfg.get('flush_bytes', 0) >> 20} MiB")
     print("\n" + head, file=file)
     bw = result.get("copy_bandwidth")
@@ -238,22 +239,35 @@ def print_report(result: dict, file=sys.stdout) -> None:
               f"of the run)", file=file)
     floor = result.get("launch_floor") or {}
     if floor.get("median_us"):
+        model = ("max(its bytes at the copy bandwidth, 2MKN at the peak FLOP/s)" if cfg.get("linear")
+                 else "its bytes at the copy bandwidth")
         print(f"launch floor: {floor['median_us']:.2f} us (v4 on a 1x8 layer, timed like the "
-              f"shapes); a layer's floor model = that + its bytes at the copy bandwidth",
-              file=file)
+              f"shapes); a layer's floor model = that + {model}", file=file)
     for name, st in (result.get("peers") or {}).items():
         print(f"{name}: {st['status']}", file=file)
+    from .linear_report import choices_table, linear_header, rows_table, verdict_text
+
     for title, text in (("", main_table(result)),
+                        ("", linear_header(result)),
+                        ("linear", rows_table(result)),
+                        ("Dispatcher choice per M (auto)", choices_table(result)),
                         ("Block-size sweep", sweep_table(result)),
                         ("Prefill", prefill_table(result)),
-                        ("Host overhead", host_table(result))):
+                        ("Host overhead", host_table(result)),
+                        ("Verdict: the targets", verdict_text(result))):
         if text:
             print(("\n" + title + "\n" if title else "\n") + text, file=file)
     problems = problems_text(result)
+    if result.get("linear"):
+        linear_problems = [f for f in (result.get("summary") or {}).get("failures", [])
+                           if f.startswith("linear ")]
+        problems = "\n".join(([problems] if problems else []) + linear_problems)
     if problems:
         print("\nProblems:\n" + problems, file=file)
     summary = result.get("summary") or {}
     if summary:
-        verdict = ("all of ours bit-exact on every trial" if summary.get("exit_code") == 0
+        good = ("all of ours within the tolerance on every trial" if cfg.get("linear")
+                else "all of ours bit-exact on every trial")
+        verdict = (good if summary.get("exit_code") == 0
                    else f"FAILED: {len(summary.get('failures', []))} problem(s)")
         print(f"\nresult: {verdict}", file=file)

@@ -30,7 +30,7 @@ def cpu_copy(ctx, shape: Shape) -> dict:
 
 def wants_floor(cfg) -> bool:
     """The launch floor is timed when a stage compares layers with it."""
-    return bool(cfg.shapes) and (cfg.main or cfg.sweep)
+    return bool(cfg.shapes) and (cfg.main or cfg.sweep or cfg.linear)
 
 
 def launch_floor(ctx) -> dict:

@@ -7,17 +7,18 @@ import os
 import sys
 import traceback
 
-from . import roofline
+from . import linear_stage, roofline
 from .cli import build_parser, resolve
 from .context import Context, new_result, open_context
 from .host import HOST_CASES, measure_host
-from .impls import registered_impls
+from .impls import registered_impls, registered_linear_impls
 from .layers import prepare, time_layer
 from .plots import write_plots
 from .prefill import CALLS as PREFILL_CALLS, prefill_layer
 from .progress import make_progress
 from .report import print_report, write_json
 from .sweep import steps as sweep_steps, sweep_layer
+from .targets import evaluate
 from .verdict import finish
 
 
@@ -31,6 +32,8 @@ def total_steps(ctx: Context) -> int:
         if cfg.prefill:
             per_shape += cfg.trials * len(PREFILL_CALLS) * len(cfg.prefill_tokens)
     steps = per_shape * len(cfg.shapes)
+    if cfg.linear:
+        steps += linear_stage.steps(ctx)
     if ctx.kind == "cuda":
         steps += 2  # copy bandwidth, start and end
         if roofline.wants_floor(cfg):
@@ -69,8 +72,11 @@ def execute(ctx: Context) -> int:
         copy_gbps = first["gbps"]
         if roofline.wants_floor(cfg):
             result["launch_floor"] = roofline.launch_floor(ctx)
-    for shape in cfg.shapes:
-        run_shape(ctx, shape, copy_gbps)
+    if cfg.linear:
+        linear_stage.run_linear(ctx)
+    else:
+        for shape in cfg.shapes:
+            run_shape(ctx, shape, copy_gbps)
     if ctx.kind == "cuda":
         if cfg.host:
             result["host_overhead"] = measure_host(ctx)
@@ -82,6 +88,9 @@ def execute(ctx: Context) -> int:
             ctx.say("sweep: skipped (CUDA only)")
         if cfg.prefill:
             ctx.say("prefill: skipped (CUDA only)")
+    if cfg.linear:
+        linear_stage.apply_figures(result)
+        result["verdict"] = evaluate(result)
     result["complete"] = True
     return finish(result)
 
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None, prog: str = "awq-fast-dequant bench") ->
 
     bar = make_progress(cfg.progress)
     bar.set_description_str("setting up")
-    registered = registered_impls(os.environ)
+    registered = (registered_linear_impls if cfg.linear else registered_impls)(os.environ)
     result = new_result(cfg, registered)
     result["argv"] = argv
     try:

@@ -42,9 +42,15 @@ def bytes_moved(K: int, N: int, G: int, dtype: str) -> int:
     return K * N // 2 + 4 * (K // G) * (N // 8) + s * (K // G) * N + o * K * N
 
 
+def preset_of(K: int, N: int) -> str:
+    """The preset a K x N layer belongs to, or "custom"."""
+    return next((name for name, layers in PRESETS.items() if (K, N) in layers), "custom")
+
+
 def parse_shapes(text: str, group: int) -> list[Shape]:
     """Shapes of a --shapes list: presets, "all", KxN and KxN:G items, in order,
-    without repeats. Raises ValueError naming the item that is wrong."""
+    without repeats; a KxN item that is a preset's layer takes the preset's name.
+    Raises ValueError naming the item that is wrong."""
     shapes: list[Shape] = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
@@ -61,7 +67,7 @@ def parse_shapes(text: str, group: int) -> list[Shape]:
         except ValueError:
             raise ValueError(f"--shapes: {item!r} is neither a preset ({', '.join(PRESETS)}, all) "
                              "nor KxN / KxN:G") from None
-        shapes.append(Shape("custom", K, N, G))
+        shapes.append(Shape(preset_of(K, N), K, N, G))
     if not shapes:
         raise ValueError("--shapes: no shape given")
     for s in shapes:

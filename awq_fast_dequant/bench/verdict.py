@@ -1,5 +1,6 @@
 """The verdict of a run: every failure found in the result, and the exit
-status (0 when everything ran and every one of ours was bit-exact)."""
+status (0 when everything ran and every one of ours was bit-exact; with
+--linear, within the tolerance, and with --strict every target met)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,22 @@ def _shape_failures(s: dict, failures: list, inexact: list) -> None:
             failures.append(f"{s['label']}: prefill M={p['M']} {name}: {err}")
 
 
+def _linear_failures(lin: dict, failures: list, outside: list) -> None:
+    for layer in lin.get("layers", []):
+        where = f"linear {layer.get('model')} {layer['label']} {layer['dtype']}"
+        if layer.get("error"):
+            failures.append(f"{where}: {layer['error']}")
+        for p in layer.get("points", []):
+            for name, rec in p["impls"].items():
+                if not rec["ours"]:
+                    continue
+                if rec["error"]:
+                    failures.append(f"{where} M={p['M']}: {name}: {rec['error']}")
+                elif rec["within_tolerance"] is not True:
+                    failures.append(f"{where} M={p['M']}: {name}: outside the tolerance")
+                    outside.append(f"{layer['label']} {layer['dtype']} M={p['M']}: {name}")
+
+
 def finish(result: dict) -> int:
     """Fill result["summary"] and return the exit status.
 
@@ -38,6 +55,12 @@ def finish(result: dict) -> int:
     elif floor and floor["bitexact"] is not True:
         failures.append("launch floor: not bit-exact")
         inexact.append("launch floor")
+    outside: list[str] = []
+    if result.get("linear"):
+        _linear_failures(result["linear"], failures, outside)
+    verdict = result.get("verdict") or {}
+    if verdict.get("strict"):
+        failures += [f"target missed: {t}" for t in verdict.get("missed_text", [])]
     host = result.get("host_overhead")
     if host:
         for name, e in host["cases"].items():
@@ -54,5 +77,10 @@ def finish(result: dict) -> int:
         "failures": failures,
         "peers_not_bitexact": peers_inexact,
         "flagged_shapes": [s["label"] for s in result["shapes"] if s.get("flagged")],
+        "linear_outside_tolerance": outside,
+        "linear_flagged": [f"{lay['label']} {lay['dtype']} M={p['M']}"
+                           for lay in (result.get("linear") or {}).get("layers", [])
+                           for p in lay.get("points", []) if p.get("flagged")],
+        "targets_missed": len(verdict.get("missed_text", [])),
     }
     return code
