@@ -237,11 +237,11 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
 
 /* ---- linear ---- */
 
-/* Up to this M bucket the fused kernel is the untuned choice; above it,
+/* Up to this M the fused kernel is the untuned choice; above it,
  * dequantize + the framework's matmul (whose GEMM the fused kernels do not
  * try to beat at large M).  Measured on an H200 and a 2-core x86 host:
  * docs/KERNELS.md, "linear: the dispatch". */
-#define CUDA_FUSED_MAX_M 1024
+#define CUDA_FUSED_MAX_M 32
 #define CPU_FUSED_MAX_M 8
 
 /* The fused configuration when nothing is tuned. */

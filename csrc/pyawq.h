@@ -32,6 +32,7 @@ typedef struct {
     PyTypeObject *type;
     const DLPackExchangeAPI *api; /* NULL: the type has none */
     int has_is_neg;               /* its tensors can carry torch's negative bit */
+    PyCFunction is_neg;           /* is_neg's C function when it is a plain C method, else NULL */
 } awq_api_entry;
 
 /* Keyword names of the entry points, interned once (args.c compares by

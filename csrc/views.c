@@ -273,7 +273,7 @@ static const awq_api_entry *api_entry(awq_state *st, PyObject *obj)
         if (st->api_cache[i].type == tp)
             return &st->api_cache[i];
 
-    awq_api_entry e = {tp, NULL, 0};
+    awq_api_entry e = {tp, NULL, 0, NULL};
     /* Only what the DLPack specification defines: a capsule of that name on
      * the type, holding a table of the major version we were written
      * against.  Anything else (an int, None, another capsule) is ignored and
@@ -298,6 +298,18 @@ static const awq_api_entry *api_entry(awq_state *st, PyObject *obj)
     if (isneg == NULL)
         PyErr_Clear();
     e.has_is_neg = isneg != NULL;
+    /* torch's is_neg is a C method (METH_NOARGS) of the base class: calling
+     * its function directly skips the attribute lookup and the call
+     * machinery (about half of its cost), and does what the method call
+     * does -- a subclass that redefines is_neg in Python gets the ordinary
+     * call.  The type is kept alive by the cache, and with it the method. */
+    if (isneg != NULL && Py_IS_TYPE(isneg, &PyMethodDescr_Type)) {
+        PyMethodDef *def = ((PyMethodDescrObject *)isneg)->d_method;
+        if (def != NULL && (def->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_O | METH_NOARGS |
+                                             METH_FASTCALL | METH_METHOD)) == METH_NOARGS &&
+            PyObject_TypeCheck(obj, PyDescr_TYPE(isneg)))
+            e.is_neg = def->ml_meth;
+    }
     Py_XDECREF(isneg);
 
     if (st->api_cache_len < AWQ_API_CACHE) {
@@ -318,9 +330,11 @@ const DLPackExchangeAPI *awq_exchange_api(awq_state *st, PyObject *obj)
 
 /* A tensor whose values are the negation of its memory (torch's negative
  * bit) cannot be read or written through a view of that memory. */
-static int check_not_negated(awq_state *st, PyObject *obj, const char *name)
+static int check_not_negated(awq_state *st, const awq_api_entry *entry, PyObject *obj,
+                             const char *name)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(obj, st->str_is_neg);
+    PyObject *r = entry->is_neg != NULL ? entry->is_neg(obj, NULL)
+                                        : PyObject_CallMethodNoArgs(obj, st->str_is_neg);
     if (r == NULL) {
         PyErr_Clear(); /* not the method we know: nothing to say */
         return 0;
@@ -499,7 +513,7 @@ int awq_view_from_object(awq_state *st, PyObject *obj, const char *name, awq_ndi
     }
 
     const awq_api_entry *entry = api_entry(st, obj);
-    if (entry->has_is_neg && check_not_negated(st, obj, name) < 0)
+    if (entry->has_is_neg && check_not_negated(st, entry, obj, name) < 0)
         return -1;
     const DLPackExchangeAPI *api = entry->api;
     if (api != NULL) {
