@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from .reference import DTYPES
+
 # One program name in every usage line, however the command was started (the
 # console script, or python -m, whose argv[0] would read "__main__.py").
 PROG = "awq-fast-dequant"
@@ -155,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "out_features), e.g. 4096x14336,14336x4096 (required; no default)")
     p_tune.add_argument("--group", type=_positive_int, default=128,
                         help="group size G (default: 128)")
-    p_tune.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+    p_tune.add_argument("--dtype", default="float16", choices=DTYPES,
                         help="scales and output dtype (default: float16)")
     p_tune.add_argument("--device", choices=["cuda", "cpu"], default=None,
                         help="where to tune (default: cuda when a usable GPU is there, else "

@@ -48,10 +48,10 @@ from .checkpoint import (
     TensorInfo,
     open_checkpoint,
 )
+from .reference import DTYPES
 
 __all__ = ["convert", "ConvertStats", "ConvertError", "SafetensorsWriter", "add_subcommands"]
 
-DTYPES = ("float16", "bfloat16", "float32")
 LAYOUTS = ("linear", "awq")
 _DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .reference import REVERSE
+from .reference import DTYPES, REVERSE
 
 __all__ = ["pack", "unpack", "quantize"]
 
@@ -29,7 +29,7 @@ _COLUMN_SHIFTS = tuple(np.uint32(4 * nibble) for nibble in REVERSE)
 # float32 temporaries of quantize() to a few tens of MB.
 _BLOCK_ELEMS = 1 << 21
 
-_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+_FLOAT_NAMES = DTYPES + ("float64",)
 _INTEGER_NAMES = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
 
 # Conversions to NumPy can fail in these ways (ragged lists, arrays on a GPU, dtypes

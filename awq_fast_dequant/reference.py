@@ -43,7 +43,8 @@ ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # ... so column 8c + j is read from nibble REVERSE[j] (REVERSE is ORDER's inverse).
 REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
 
-_KINDS = ("float16", "bfloat16", "float32")
+# The element types of scales and results: the package's one list of them.
+DTYPES = ("float16", "bfloat16", "float32")
 
 # Bit offset of column j (of each run of 8 columns) inside its word.
 _COLUMN_SHIFTS = np.array([4 * nibble for nibble in REVERSE], dtype=np.uint32)
@@ -112,20 +113,20 @@ def _dtype_name(dtype) -> str:
     """Normalise an out_dtype given as a string, NumPy/ml_dtypes type or torch dtype."""
     expected = "'float16', 'bfloat16' or 'float32' (a string, NumPy/ml_dtypes type or torch dtype)"
     if isinstance(dtype, str):
-        if dtype in _KINDS:
+        if dtype in DTYPES:
             return dtype
         raise TypeError(f"out_dtype must be {expected}; got {dtype!r}")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(dtype, torch.dtype):
         name = str(dtype).removeprefix("torch.")
-        if name in _KINDS:
+        if name in DTYPES:
             return name
         raise TypeError(f"out_dtype must be {expected}; got {dtype}")
     try:
         name = np.dtype(dtype).name
     except TypeError:
         name = None
-    if name in _KINDS:
+    if name in DTYPES:
         return name
     raise TypeError(f"out_dtype must be {expected}; got {dtype!r}")
 

@@ -12,7 +12,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant._frameworks import numpy_dtype
 
-DTYPES = ("float16", "bfloat16", "float32")
+from awq_fast_dequant.reference import DTYPES  # noqa: E402  (the package's list)
 
 # The correctness sweep: (K, G) with K in {G, 2G, 7G} for G in {32, 64, 128},
 # and G = K (one group, per-channel scales); N with tails.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPES = ("float16", "bfloat16", "float32")
+from ..reference import DTYPES  # noqa: F401  (re-exported for the bench modules)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 # The layer shapes of DESIGN.md section 6: (K = in_features, N = out_features).

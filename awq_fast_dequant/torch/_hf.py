@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
+from awq_fast_dequant.reference import DTYPES
 
 from ._module import AWQLinear, _scale_dtype
 
@@ -35,8 +36,7 @@ __all__ = ["load_pretrained"]
 
 logger = logging.getLogger("awq_fast_dequant")
 
-_SCALE_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
-                       "float32": torch.float32}
+_SCALE_TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def _require(name: str):

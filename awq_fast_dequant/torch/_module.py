@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
+from awq_fast_dequant.reference import DTYPES
 
 from . import _ops
 
@@ -17,7 +18,7 @@ __all__ = ["AWQLinear", "quantize_model"]
 
 logger = logging.getLogger("awq_fast_dequant")
 
-_SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_SCALE_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
 
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
