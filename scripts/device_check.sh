@@ -8,12 +8,17 @@
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
 #
 # Run from the repository root.  AWQ_FAST_DEQUANT_CUDA_ARCHS (default 90)
-# picks the architectures to build.
+# picks the architectures to build.  The whole check takes longer than one
+# 10-minute device call: PART=checks runs the build, the tests and the
+# sanitizers; PART=bench the build and the benchmarks (both: PART=all, the
+# default).
 set -u
 R=$PWD
 OUT=${OUT:-$R/device_out}
+PART=${PART:-all}
 mkdir -p "$OUT"
 export AWQ_FAST_DEQUANT_CUDA_ARCHS=${AWQ_FAST_DEQUANT_CUDA_ARCHS:-90}
+export PYTHONUNBUFFERED=1
 
 # Seven files for the dequantize half (bench.txt, checks.log, host.txt,
 # h200.json, three plots); the linear half adds bench_linear.txt,
@@ -27,11 +32,21 @@ python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 
 
 cd /tmp  # import the installed package, not the source folder
 python3 -c "import awq_fast_dequant as a; print(a.build_info())" >> "$OUT/checks.log" 2>&1
+if [ "$PART" != bench ]; then
 python3 -m pytest -p no:cacheprovider -q -rs "$R/tests" >> "$OUT/checks.log" 2>&1
 echo "pytest rc $?" >> "$OUT/checks.log"
 compute-sanitizer --tool memcheck --error-exitcode 1 python3 "$R/scripts/sanitize_sweep.py" \
     >> "$OUT/checks.log" 2>&1
 echo "sanitizer rc $?" >> "$OUT/checks.log"
+# the fused linear: every branch of its kernels, under each checker
+for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 1 python3 "$R/scripts/linear_sanitize.py" \
+        >> "$OUT/checks.log" 2>&1
+    echo "linear $tool rc $?" >> "$OUT/checks.log"
+done
+grep -E "passed|failed|FAILED|pytest rc|sanitizer rc|rc [0-9]|ERROR SUMMARY" "$OUT/checks.log" | tail -12
+fi
+[ "$PART" = checks ] && exit 0
 
 export AWQ_FAST_DEQUANT_CACHE_DIR
 AWQ_FAST_DEQUANT_CACHE_DIR=$(mktemp -d)
@@ -55,8 +70,14 @@ python3 -m awq_fast_dequant bench --linear --no-progress --no-host \
     --json "$OUT/h200_linear.json" --plot "$OUT/h200" > "$OUT/bench_linear.txt" 2>&1
 echo "bench --linear rc $?" >> "$OUT/bench_linear.txt"
 
+# A Llama-3-8B decoder layer (AWQLinear against nn.Linear) and the checkpoint
+# converter on a synthetic 8B-sized checkpoint.
+python3 "$R/scripts/decoder_layer_bench.py" > "$OUT/decoder.txt" 2>&1
+echo "decoder bench rc $?" >> "$OUT/decoder.txt"
+python3 "$R/scripts/convert_bench.py" --device cuda > "$OUT/convert.txt" 2>&1
+echo "convert bench rc $?" >> "$OUT/convert.txt"
+
 # The summary (the device tool returns the end of the output).
-grep -E "passed|failed|FAILED|pytest rc|sanitizer rc|ERROR SUMMARY" "$OUT/checks.log" | tail -6
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
 sed -n '/^shape       winner/,/^margin/p' "$OUT/bench.txt"
 sed -n '/^call (shape/,/^torch baseline/p' "$OUT/bench.txt"
@@ -67,3 +88,5 @@ rm -f "$OUT/host_probe.tmp"
 sed -n '/^Dispatcher choice per M/,/^the kernel of each/p' "$OUT/bench_linear.txt"
 sed -n '/^Verdict: the targets/,/^result:/p' "$OUT/bench_linear.txt" | head -45
 grep -E "^bench --linear rc" "$OUT/bench_linear.txt"
+tail -8 "$OUT/decoder.txt"
+tail -8 "$OUT/convert.txt"
