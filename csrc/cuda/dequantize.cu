@@ -766,8 +766,6 @@ awq_status awq_cuda_dequantize(const awq_problem *p, const awq_config *c, int *d
     return status_of(e);
 }
 
-constexpr int kMaxTimedRuns = 32;
-
 awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cuda_flush *flush, int warmup,
                          int iters, float *ms, int *detail)
 {
@@ -778,30 +776,14 @@ awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cu
     const awq_status s = prepare(p, c, &rc);
     if (s != AWQ_OK) return s;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-    const bool cold = flush && flush->ptr && flush->device == p->device;
-
     DeviceScope scope;
-    EventPair ev[kMaxTimedRuns];
-    float t[kMaxTimedRuns];
+    float t = 0.0f;
     cudaError_t e = scope.enter(p->device);
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
-        e = clear_error(cudaEventCreate(&ev[i].start));
-        if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev[i].stop));
-    }
-    for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = clear_error(launch_config(p, &rc, stream));
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
-        if (cold) e = clear_error(cudaMemsetAsync(flush->ptr, i & 0xFF, flush->bytes, stream));
-        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].start, stream));
-        if (e == cudaSuccess) e = clear_error(launch_config(p, &rc, stream));
-        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].stop, stream));
-    }
-    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev[iters - 1].stop));
-    for (int i = 0; i < iters && e == cudaSuccess; ++i)
-        e = clear_error(cudaEventElapsedTime(&t[i], ev[i].start, ev[i].stop));
+    if (e == cudaSuccess)
+        e = time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_config(p, &rc, stream); }, &t);
     set_detail(detail, (int)e);
     if (e != cudaSuccess) return status_of(e);
-    std::sort(t, t + iters);
-    if (ms) *ms = iters % 2 ? t[iters / 2] : 0.5f * (t[iters / 2 - 1] + t[iters / 2]);
+    if (ms) *ms = t;
     return AWQ_OK;
 }
 

@@ -9,11 +9,13 @@
 #include <cuda.h> /* driver types only: the driver is reached through the runtime (see launch) */
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "awq.h"
+#include "cuda/cuda.h"
 
 namespace awq_cu {
 
@@ -219,6 +221,42 @@ inline unsigned grid_for(int64_t count, int per_block)
     const int64_t blocks = (count + per_block - 1) / per_block;
     const int64_t cap = 2147483647; /* 2^31 - 1: gridDim.x limit */
     return (unsigned)(blocks < cap ? (blocks < 1 ? 1 : blocks) : cap);
+}
+
+/* ---- timing (the autotuner's clock) ----------------------------------- */
+
+constexpr int kMaxTimedRuns = 32;
+
+/* `warmup` calls of launch_once(), then `iters` calls, each preceded by a
+ * write of `flush` (when it is for this device) and bracketed by its own
+ * events on `stream`; *ms receives the median.  Synchronizes on the last
+ * event only.  The caller's device must be current. */
+template <class F>
+cudaError_t time_launches(int device, cudaStream_t stream, const awq_cuda_flush *flush, int warmup, int iters,
+                          F &&launch_once, float *ms)
+{
+    const bool cold = flush && flush->ptr && flush->device == device;
+    EventPair ev[kMaxTimedRuns];
+    float t[kMaxTimedRuns];
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
+        e = clear_error(cudaEventCreate(&ev[i].start));
+        if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev[i].stop));
+    }
+    for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = clear_error(launch_once());
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
+        if (cold) e = clear_error(cudaMemsetAsync(flush->ptr, i & 0xFF, flush->bytes, stream));
+        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].start, stream));
+        if (e == cudaSuccess) e = clear_error(launch_once());
+        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].stop, stream));
+    }
+    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev[iters - 1].stop));
+    for (int i = 0; i < iters && e == cudaSuccess; ++i)
+        e = clear_error(cudaEventElapsedTime(&t[i], ev[i].start, ev[i].stop));
+    if (e != cudaSuccess) return e;
+    std::sort(t, t + iters);
+    *ms = iters % 2 ? t[iters / 2] : 0.5f * (t[iters / 2 - 1] + t[iters / 2]);
+    return cudaSuccess;
 }
 
 } // namespace awq_cu

@@ -135,13 +135,25 @@ template <int ROWS> constexpr int kMmaStages = ROWS >= 4 ? 2 : 4;
  * accumulators need, and so does the K-tail variant (rare: G == K only). */
 template <int ROWS, bool KTAIL> constexpr int kMmaMinBlocks = ROWS == 1 && !KTAIL ? 2 : 1;
 
-struct MmaArgs {
+/* The arrays of a problem, as both kernels take them (byte pointers where
+ * the element type is the kernel's template parameter). */
+struct LinearOperands {
     const char *x;           /* [M, K] */
     const uint32_t *qweight; /* [K, W] */
     const uint32_t *qzeros;  /* [K/G, W] */
     const char *scales;      /* [K/G, N] */
     const char *bias;        /* [N] or nullptr */
     char *y;                 /* [M, N] */
+};
+
+LinearOperands operands_of(const awq_linear_problem *p)
+{
+    return LinearOperands{static_cast<const char *>(p->x), p->qweight, p->qzeros,
+                          static_cast<const char *>(p->scales), static_cast<const char *>(p->bias),
+                          static_cast<char *>(p->y)};
+}
+
+struct MmaArgs : LinearOperands {
     int64_t M, N, W;         /* W = N / 8 word columns */
     int64_t mtiles;          /* M tiles of 16 * ROWS rows */
     int64_t mrows;           /* rows of a warp's partial tile in shared memory: min(16 * ROWS, M) */
@@ -579,13 +591,7 @@ __global__ void __launch_bounds__(kMmaMaxThreads, kMmaMinBlocks<ROWS, KTAIL>) aw
  * through shared memory by thread ty = 0 in order 0, 1, ..., split-1.
  * Consecutive tx read consecutive words: coalesced; x is a broadcast.
  * ====================================================================== */
-struct SimtArgs {
-    const char *x;
-    const uint32_t *qweight;
-    const uint32_t *qzeros;
-    const char *scales;
-    const char *bias;
-    char *y;
+struct SimtArgs : LinearOperands {
     int64_t M, K, N, W, G;
     int64_t mchunks; /* ceil(M / ROWS) */
     int vec;         /* scales, bias and y 16-byte aligned: 16-byte accesses */
@@ -913,12 +919,7 @@ template <class T, int ROWS, bool KTAIL>
 cudaError_t mma_launch_rows(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     MmaArgs a;
-    a.x = static_cast<const char *>(p->x);
-    a.qweight = p->qweight;
-    a.qzeros = p->qzeros;
-    a.scales = static_cast<const char *>(p->scales);
-    a.bias = static_cast<const char *>(p->bias);
-    a.y = static_cast<char *>(p->y);
+    static_cast<LinearOperands &>(a) = operands_of(p);
     a.M = p->M;
     a.N = p->N;
     a.W = p->N / AWQ_COLS_PER_WORD;
@@ -1023,12 +1024,7 @@ template <class T, int ROWS>
 cudaError_t simt_launch_rows(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     SimtArgs a;
-    a.x = static_cast<const char *>(p->x);
-    a.qweight = p->qweight;
-    a.qzeros = p->qzeros;
-    a.scales = static_cast<const char *>(p->scales);
-    a.bias = static_cast<const char *>(p->bias);
-    a.y = static_cast<char *>(p->y);
+    static_cast<LinearOperands &>(a) = operands_of(p);
     a.M = p->M;
     a.K = p->K;
     a.N = p->N;
@@ -1238,8 +1234,6 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
     return n;
 }
 
-constexpr int kMaxTimedRuns = 32;
-
 awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c, const awq_cuda_flush *flush,
                                 int warmup, int iters, float *ms, int *detail)
 {
@@ -1251,30 +1245,15 @@ awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c
     const awq_status s = prepare(p, c, &d, &rc, detail);
     if (s != AWQ_OK) return s;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-    const bool cold = flush && flush->ptr && flush->device == p->device;
-
     DeviceScope scope;
-    EventPair ev[kMaxTimedRuns];
-    float t[kMaxTimedRuns];
+    float t = 0.0f;
     cudaError_t e = scope.enter(p->device);
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
-        e = clear_error(cudaEventCreate(&ev[i].start));
-        if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev[i].stop));
-    }
-    for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = clear_error(launch_linear(p, &rc, d, stream));
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) {
-        if (cold) e = clear_error(cudaMemsetAsync(flush->ptr, i & 0xFF, flush->bytes, stream));
-        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].start, stream));
-        if (e == cudaSuccess) e = clear_error(launch_linear(p, &rc, d, stream));
-        if (e == cudaSuccess) e = clear_error(cudaEventRecord(ev[i].stop, stream));
-    }
-    if (e == cudaSuccess) e = clear_error(cudaEventSynchronize(ev[iters - 1].stop));
-    for (int i = 0; i < iters && e == cudaSuccess; ++i)
-        e = clear_error(cudaEventElapsedTime(&t[i], ev[i].start, ev[i].stop));
+    if (e == cudaSuccess)
+        e = time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_linear(p, &rc, d, stream); },
+                          &t);
     set_detail(detail, (int)e);
     if (e != cudaSuccess) return linear_status(e);
-    std::sort(t, t + iters);
-    if (ms) *ms = iters % 2 ? t[iters / 2] : 0.5f * (t[iters / 2 - 1] + t[iters / 2]);
+    if (ms) *ms = t;
     return AWQ_OK;
 }
 
