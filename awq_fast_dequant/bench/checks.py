@@ -18,7 +18,8 @@ from .shapes import DTYPES
 POISON = -12345.0
 
 
-def _dtype_kind(x) -> str | None:
+def dtype_kind(x) -> str | None:
+    """float16 / bfloat16 / float32 for a result array (NumPy or torch), else None."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         name = str(x.dtype).removeprefix("torch.")
@@ -36,7 +37,7 @@ class NumpyCheck:
 
     def __call__(self, actual) -> tuple[int, str | None]:
         size = self.bits.size
-        kind = _dtype_kind(actual)
+        kind = dtype_kind(actual)
         if kind != self.dtype:
             return size, f"dtype {getattr(actual, 'dtype', type(actual).__name__)} (expected {self.dtype})"
         if tuple(actual.shape) != self.bits.shape:

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from ..reference import _float_kind
+from .checks import dtype_kind
 
 FULL_CHECK_MAX_M = 16
 CHECK_FIRST = 8
@@ -95,14 +95,6 @@ def torch_reference(torch, x_rows, W) -> tuple[np.ndarray, np.ndarray]:
     return y64.cpu().numpy(), TOLERANCE_SCALE * bound.cpu().numpy()
 
 
-def _kind(y) -> str | None:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(y, torch.Tensor):
-        name = str(y.dtype).removeprefix("torch.")
-        return name if name in FORMATS else None
-    return _float_kind(y) if isinstance(getattr(y, "dtype", None), np.dtype) else None
-
-
 class ToleranceCheck:
     """Holds y64 and the bound for `rows` of an [M, N] result; called on a
     result, it counts the checked elements outside the tolerance."""
@@ -130,7 +122,7 @@ class ToleranceCheck:
 
     def __call__(self, y) -> tuple[int, str | None]:
         size = self.y64.size
-        kind = _kind(y)
+        kind = dtype_kind(y)
         if kind is None:
             return size, f"result is {type(y).__name__} of dtype {getattr(y, 'dtype', None)}"
         if tuple(y.shape) != self.shape:

@@ -5,19 +5,27 @@ status (0 when everything ran and every one of ours was bit-exact; with
 from __future__ import annotations
 
 
+def _check(where: str, flag: str, rec: dict, key: str, problem: str, failures: list,
+           flagged: list) -> None:
+    """One of our records: its error, or `problem` (and `flag` among the
+    flagged) when rec[key] is not True."""
+    if not rec["ours"]:
+        return
+    if rec["error"]:
+        failures.append(f"{where}: {rec['error']}")
+    elif rec[key] is not True:
+        failures.append(f"{where}: {problem}")
+        flagged.append(flag)
+
+
 def _shape_failures(s: dict, failures: list, inexact: list) -> None:
     groups = [("", s.get("implementations", {}))]
     if s.get("sweep"):
         groups.append(("sweep ", s["sweep"]["candidates"]))
     for section, recs in groups:
         for name, rec in recs.items():
-            if not rec["ours"]:
-                continue
-            if rec["error"]:
-                failures.append(f"{s['label']}: {section}{name}: {rec['error']}")
-            elif rec["bitexact"] is not True:
-                failures.append(f"{s['label']}: {section}{name}: not bit-exact")
-                inexact.append(f"{s['label']}: {section}{name}")
+            where = f"{s['label']}: {section}{name}"
+            _check(where, where, rec, "bitexact", "not bit-exact", failures, inexact)
     for p in s.get("prefill") or []:
         for name, err in p["errors"].items():
             failures.append(f"{s['label']}: prefill M={p['M']} {name}: {err}")
@@ -30,13 +38,9 @@ def _linear_failures(lin: dict, failures: list, outside: list) -> None:
             failures.append(f"{where}: {layer['error']}")
         for p in layer.get("points", []):
             for name, rec in p["impls"].items():
-                if not rec["ours"]:
-                    continue
-                if rec["error"]:
-                    failures.append(f"{where} M={p['M']}: {name}: {rec['error']}")
-                elif rec["within_tolerance"] is not True:
-                    failures.append(f"{where} M={p['M']}: {name}: outside the tolerance")
-                    outside.append(f"{layer['label']} {layer['dtype']} M={p['M']}: {name}")
+                _check(f"{where} M={p['M']}: {name}",
+                       f"{layer['label']} {layer['dtype']} M={p['M']}: {name}", rec,
+                       "within_tolerance", "outside the tolerance", failures, outside)
 
 
 def finish(result: dict) -> int:
