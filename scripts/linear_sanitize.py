@@ -90,6 +90,8 @@ def problem(awq, torch, rng, M, K, N, G, dtype, bias, offset=0):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tune", action="store_true", help="tune in a fresh cache folder: every candidate runs")
+    ap.add_argument("--quick", action="store_true",
+                    help="M in {1, 17}, float16 and float32, three shapes (for the slower checkers)")
     args = ap.parse_args()
     _configure(args.tune)
 
@@ -108,10 +110,13 @@ def main() -> int:
         (96, 8, 32),      # N = 8: one word column
         (384, 520, 384),  # one group, a multiple of 16
     ]
+    ms, dtypes = (1, 5, 17, 64), ("float16", "bfloat16", "float32")
+    if args.quick:
+        ms, dtypes, shapes = (1, 17), ("float16", "float32"), shapes[:3]
     n = 0
-    for M in (1, 5, 17, 64):
+    for M in ms:
         for K, N, G in shapes:
-            for dtype in ("float16", "bfloat16", "float32"):
+            for dtype in dtypes:
                 for bias in (False, True):
                     for offset in ((0, 1) if dtype != "float32" and bias else (0,)):
                         x, qw, qz, sc, b = problem(awq, torch, rng, M, K, N, G, dtype, bias, offset)
