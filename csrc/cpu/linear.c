@@ -4,27 +4,54 @@
  *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
  *
  * W[k, n] is dequantize's value in x's dtype, widened to float32:
- * round_to_dtype( float32(q - z) * float32(scale) ).  It is computed from
- * the packed words in registers and never stored, so a NaN or Inf scale
- * reaches y exactly as it would through dequantize and a matmul.
+ * round_to_dtype( float32(q - z) * float32(s) ), s the scale of k's group
+ * g.  It is computed from the packed words in registers and never stored.
  *
  * The order of the sums is fixed by the problem alone.  K is cut into
  * blocks: each group into runs of LINEAR_KB rows (the last one shorter).
- * The products of a block are added in row order to a partial sum that
- * starts at +0; the partials are added in block order to a total that
- * starts at +0; the bias is added to the total; one rounding.  Every
- * product is rounded to float32 before it is added, in the vector paths
- * and the scalar path alike (see "fused" below for the one form that
- * differs without changing a bit), so all of them give the same bits for
- * every chunk size and thread count.  Blocking the sum also keeps its
- * error near (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
+ * Each block adds its terms in row order to a partial sum that starts at
+ * +0; the partials are added in block order to a total that starts at +0;
+ * the bias is added to the total; one rounding.  A block's contribution
+ * to y[m, n] takes one of two forms:
+ *
+ *   exact       partial = sum_k x[m, k] * W[k, n],      total += partial
+ *   regrouped   partial = sum_k (q - z) * x[m, k],      total += s * partial
+ *
+ * DESIGN.md allows the regrouping (s times a group's sum of (q - z) x)
+ * because it stays inside the tolerance 2^-9 (|x| @ |W|) + 1 ulp: it
+ * leaves out W's rounding to the dtype, at most 2^-11 of |W| in float16
+ * (an 11-bit significand; a W in float16's subnormal range is exact, every
+ * float16 being a multiple of 2^-24) and 2^-24 in float32, and adds one
+ * float32 rounding per block.  Its terms (q - z) x are exact in float32
+ * for float16 and bfloat16 x, and rounded once for float32, as x W is.
+ * It takes half the exact form's vector operations per weight, or fewer
+ * (no product with s, no rounding of W to the dtype).
+ *
+ * The exact form stays where the regrouped one would differ in kind
+ * ("where the sum is regrouped" below): a (group, column) whose scale is
+ * NaN, Inf or so large that some W overflows the dtype, so that NaN and
+ * Inf reach y exactly as through dequantize and a matmul; a bfloat16 scale
+ * with more than 4 significant bits, since a bfloat16 W's rounding (up to
+ * 2^-8 of |W|) does not fit in 2^-9; and a (row, group) of x holding a NaN,
+ * an Inf or a value beyond 2^54, where the regrouped sums could overflow
+ * where x W would not.  Both forms meet in one sum only as block
+ * contributions to a total, and which one a block takes depends on the
+ * problem alone.
+ *
+ * Every term of a partial is rounded to float32 before it is added, in
+ * the vector paths and the scalar path alike (see "fused" below for the
+ * one form that differs without changing a bit), so all of them give the
+ * same bits for every chunk size and thread count.  Blocking the sum also
+ * keeps its error near (LINEAR_KB + K / LINEAR_KB) float32 roundings
+ * instead of K.
  *
  * Work: the output columns are cut into chunks (c->chunk columns) and the
  * rows of x into blocks of up to LINEAR_MB rows; one work item is one
  * (chunk, row block) and sweeps all of K, so each thread owns its output
  * elements and no sum is ever split between threads.  Inside an item:
  *   for each group:  expand the group's zero points and scales for the
- *                    chunk once, as float32
+ *                    chunk once, as float32, and note which columns
+ *                    regroup
  *     for each block of rows k:
  *       for each tile of 64 or 128 columns (8 or 16 packed words per row):
  *         sum the block into registers, then add it to the chunk's totals
@@ -66,28 +93,34 @@ enum {
 
 typedef struct {
     const awq_linear_problem *p;
-    const float *x;   /* [M, K] float32: x itself, or its exact conversion */
-    int64_t chunk;    /* output columns per item, a multiple of 8 */
-    int64_t width;    /* scratch columns: chunk rounded up to the widest tile */
-    int64_t chunks;   /* items along N */
-    int64_t blocks;   /* items along M */
-    int lanes;        /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
+    const float *x;            /* [M, K] float32: x itself, or its exact conversion */
+    const unsigned char *xok;  /* [M][K / G]: row m of x allows regrouping in group g */
+    int64_t chunk;             /* output columns per item, a multiple of 8 */
+    int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
+    int64_t chunks;            /* items along N */
+    int64_t blocks;            /* items along M */
+    int lanes; /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
 } plan;
 
 typedef struct {
     float *zero;    /* [width] the group's zero points (vector path: offset, see below) */
     float *scale;   /* [width] the group's scales */
+    float *escale;  /* [width] vector path, tiles of both forms: the scales of the exact
+                     * columns, 0 elsewhere */
+    float *rscale;  /* [width] the same for the regrouped columns */
     float *total;   /* [LINEAR_MB][width] the sums so far */
     float *part;    /* [LINEAR_MB][width] scalar path: the current block's sums */
     uint32_t *tail; /* [LINEAR_KB][lanes] vector path: a partial tile's words, zero-padded */
+    unsigned char *mode; /* [width] scalar path: column n regroups (1) or not (0); vector
+                          * path: entry i, tile i's MODE_EXACT | MODE_REGROUP */
 } scratch;
 
-static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LINEAR_MB); }
+static size_t scratch_floats(int64_t width) { return (size_t)width * (4 + 2 * LINEAR_MB); }
 
 static size_t scratch_bytes(int64_t width)
 {
     size_t b = scratch_floats(width) * sizeof(float) +
-               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
+               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t) + (size_t)width;
     return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
 }
 
@@ -97,10 +130,56 @@ static scratch scratch_at(char *base, int64_t width)
     scratch s;
     s.zero = f;
     s.scale = f + width;
-    s.total = f + 2 * width;
-    s.part = f + (2 + LINEAR_MB) * width;
+    s.escale = f + 2 * width;
+    s.rscale = f + 3 * width;
+    s.total = f + 4 * width;
+    s.part = f + (4 + LINEAR_MB) * width;
     s.tail = (uint32_t *)(f + scratch_floats(width));
+    s.mode = (unsigned char *)(s.tail + LINEAR_KB * LINEAR_LANES_MAX);
     return s;
+}
+
+/* ---- where the sum is regrouped ----
+ *
+ * A regrouped (group, column) needs a finite scale small enough that no W
+ * overflows: float16, 15 |s| <= 65504 (15 |s| is exact in float32);
+ * bfloat16 and float32, |s| <= 2^60.  A bfloat16 scale must moreover have
+ * at most 4 significant bits, so that every (q - z) s is a bfloat16: W's
+ * rounding error, up to 2^-8 of |W| in bfloat16, would not fit in the
+ * tolerance's 2^-9 (in float16 it is at most 2^-11, in float32 2^-24).
+ * A regrouped (row, group) needs every |x| <= 2^54 (which every finite
+ * float16 is): then a block's sum of (q - z) x stays below 64 * 15 * 2^54
+ * < 2^64 and s times it below 2^124, so nothing overflows where the exact
+ * form would not, and NaN and Inf in x or in the scales always take the
+ * exact form.  Both tests depend on the problem alone, never on the chunk,
+ * the thread or the path. */
+#define REGROUP_X_MAX 0x1p54f
+#define REGROUP_S_MAX 0x1p60f
+
+static inline int scale_regroups(float s, awq_dtype t)
+{
+    float a = bits_f32(f32_bits(s) & 0x7FFFFFFFu);
+    switch (t) {
+    case AWQ_F16: return a * 15.0f <= 65504.0f;
+    case AWQ_BF16: return a <= REGROUP_S_MAX && (f32_bits(s) & 0x000F0000u) == 0;
+    default: return a <= REGROUP_S_MAX;
+    }
+}
+
+/* xok[m][g] for every row and group, once per call. */
+static void rows_regroup(const plan *pl, unsigned char *xok)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t G = p->G, groups = p->K / G;
+    const uint32_t max = f32_bits(REGROUP_X_MAX); /* |x| as bits: NaN and Inf compare above */
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *x = pl->x + m * p->K + g * G;
+            uint32_t big = 0;
+            for (int64_t k = 0; k < G; k++)
+                big |= (f32_bits(x[k]) & 0x7FFFFFFFu) > max;
+            xok[m * groups + g] = !big;
+        }
 }
 
 /* W's value in the dtype, widened back to float32. */
@@ -148,14 +227,18 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
                         int mb)
 {
     const awq_linear_problem *p = pl->p;
-    const int64_t K = p->K, N = p->N, G = p->G, words = N / 8, w0 = n0 / 8;
+    const int64_t K = p->K, N = p->N, G = p->G, groups = K / G, words = N / 8, w0 = n0 / 8;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
-    for (int64_t g = 0; g < K / G; g++) {
+    for (int64_t g = 0; g < groups; g++) {
         const uint32_t *zrow = p->qzeros + g * words + w0;
+        int xok[LINEAR_MB];
+        for (int m = 0; m < mb; m++)
+            xok[m] = pl->xok[(m0 + m) * groups + g];
         for (int64_t n = 0; n < cols; n++) {
             s->zero[n] = (float)((zrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
             s->scale[n] = load_scale(p->scales, g * N + n0 + n, p->dtype);
+            s->mode[n] = (unsigned char)scale_regroups(s->scale[n], p->dtype);
         }
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t b1 = b0 + LINEAR_KB < (g + 1) * G ? b0 + LINEAR_KB : (g + 1) * G;
@@ -166,13 +249,20 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
                 for (int64_t n = 0; n < cols; n++) {
                     float q = (float)((qrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
                     /* q - z is exact in float32, as the integer difference is */
-                    float w = round_to((q - s->zero[n]) * s->scale[n], p->dtype);
+                    float d = q - s->zero[n];
+                    float w = round_to(d * s->scale[n], p->dtype);
                     for (int m = 0; m < mb; m++)
-                        s->part[m * pl->width + n] += pl->x[(m0 + m) * K + k] * w;
+                        s->part[m * pl->width + n] +=
+                            pl->x[(m0 + m) * K + k] * (xok[m] && s->mode[n] ? d : w);
                 }
             }
-            for (int64_t i = 0; i < mb * pl->width; i++)
-                s->total[i] += s->part[i];
+            for (int m = 0; m < mb; m++)
+                for (int64_t n = 0; n < cols; n++) {
+                    float v = s->part[m * pl->width + n];
+                    if (xok[m] && s->mode[n])
+                        v = s->scale[n] * v;
+                    s->total[m * pl->width + n] += v;
+                }
         }
     }
     finish(pl, s, n0, cols, m0, mb);
@@ -196,9 +286,10 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * is the float 2^(23 - 4p) + q exactly (the nibble lands in the mantissa
  * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
  * gives q - z, exactly (both are integers below 2^24).  A register pass
- * handles np consecutive nibbles i0 .. i0 + np - 1 (np <= 4) of the word
- * shifted right by 4 i0, so nibble i sits at position p = i % np, and the
- * pass needs only np masks and np offsets, kept in registers.
+ * handles np consecutive nibbles i0 .. i0 + np - 1 of the word, each at
+ * position p = i % P of the word shifted right by 4 (i - p), P = 2 (AVX2)
+ * or 4 (AVX-512), so that the pass needs only P masks and P offsets, kept
+ * in registers.
  *
  * Both widths run the same float32 operations in the same order as the
  * scalar path (AVX-512 only does twice the columns per instruction, and
@@ -214,13 +305,36 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
 
 #ifdef AWQ_X86_DISPATCH
 
+/* Whether x * e + acc may be one fused multiply-add: where the product is
+ * exact in float32, rounding it first changes nothing.  Exact tiles: a
+ * float16 x times a float16 W (see "fused" above).  Regrouped tiles: q - z
+ * (5 bits) times a float16 or bfloat16 x (11 or 8 bits), never near
+ * float32's range limits because a regrouped row has |x| <= 2^54.  A
+ * float32 x times anything is rounded, so it stays a separate multiply. */
+static inline int fused_product(int rg, awq_dtype t)
+{
+    return t == AWQ_F16 || (rg && t == AWQ_BF16);
+}
+
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
+/* Nibble positions: a register pass reads nibble i at position i % P of
+ * the word shifted right by 4 (i - i % P), with P = 2 in the AVX2 tiles and
+ * 4 in the AVX-512 tiles, whatever the rows of x, so that one expansion of
+ * the zero points serves a row block and each of its rows. */
+static inline int nibble_positions(int lanes) { return lanes == 16 ? 4 : 2; }
+
 /* Nibbles per register pass for mb rows of x: the mb x np accumulators,
- * the 2 np constants of the nibble positions, the word and x's broadcasts
- * fit in the 16 vector registers of AVX2, or the 32 of AVX-512. */
-static inline int pass_nibbles(int mb, int lanes) { return mb == 1 || lanes == 16 ? 4 : 2; }
+ * the P masks and P offsets of the positions, the words, x's broadcasts
+ * and (exact form) the zero points and scales fit in the 16 vector
+ * registers of AVX2, or the 32 of AVX-512, or nearly. */
+static inline int pass_nibbles(int mb, int lanes, int rg)
+{
+    if (lanes == 16)
+        return rg && mb == 1 ? 8 : 4;
+    return mb == 1 ? 4 : 2;
+}
 
 /* The group's zero points and scales of columns [n0, n0 + cols) in tile
  * order; the lanes past cols get zero point 0 and scale 0, so that their
@@ -228,7 +342,7 @@ static inline int pass_nibbles(int mb, int lanes) { return mb == 1 || lanes == 1
  * so the same code serves both tile widths. */
 __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
                                                              int64_t g, int64_t n0, int64_t cols,
-                                                             int np)
+                                                             int P)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
@@ -239,24 +353,28 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
         if (t0 + T > cols) {
             for (int i = 0; i < 8; i++)
                 for (int c = 0; c < lanes; c++) {
-                    zero[lanes * i + c] = nibble_offset(i % np);
+                    zero[lanes * i + c] = nibble_offset(i % P);
                     scale[lanes * i + c] = 0.0f;
                 }
             for (int64_t col = t0; col < cols; col++) {
                 int64_t at = tile_pos(col, lanes) - t0;
                 int i = AWQ_NIBBLE(col % 8);
-                zero[at] = nibble_offset(i % np) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
+                zero[at] = nibble_offset(i % P) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
                 scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
             }
             continue;
         }
         for (int h = 0; h < lanes; h += 8) { /* words t0/8 + h .. + 7 */
-            /* zero points: nibble i of the 8 words is vector i already */
+            /* zero points: nibble i of the 8 words is vector i already,
+             * and the tiles' trick makes it the float 2^(23 - 4p) + z */
             __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8 + h));
             for (int i = 0; i < 8; i++) {
-                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
-                __m256 offset = _mm256_set1_ps(nibble_offset(i % np));
-                _mm256_storeu_ps(zero + lanes * i + h, _mm256_add_ps(_mm256_cvtepi32_ps(z), offset));
+                const int pos = i % P;
+                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * (i - pos)),
+                                             _mm256_set1_epi32(0xF << (4 * pos)));
+                __m256 offset = _mm256_set1_ps(nibble_offset(pos));
+                _mm256_storeu_ps(zero + lanes * i + h,
+                                 _mm256_or_ps(_mm256_castsi256_ps(z), offset));
             }
             /* scales: 8 rows (words) of 8 columns, transposed so that
              * column j of every word lands in vector AWQ_NIBBLE(j) */
@@ -297,6 +415,56 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
     }
 }
 
+/* The tiles' modes: whether their columns take the exact form, the
+ * regrouped one, or both (scale_regroups, eight columns at a time, the same
+ * test to the bit).  A tile with both runs both forms, each on its own
+ * copy of the scales: escale keeps the exact columns' scales and rscale
+ * the regrouped columns', 0 elsewhere, so that in each form the other
+ * form's columns add +0 (x is finite in a regrouped row) to totals that
+ * are never -0, which changes no bit.  The padding past cols (scale 0)
+ * counts as regrouped. */
+enum { MODE_EXACT = 1, MODE_REGROUP = 2 };
+
+static inline __attribute__((always_inline, target("avx2,f16c"))) __m256
+regroups8(__m256 sc, const awq_dtype t)
+{
+    __m256 a = _mm256_and_ps(sc, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+    if (t == AWQ_F16)
+        return _mm256_cmp_ps(_mm256_mul_ps(a, _mm256_set1_ps(15.0f)), _mm256_set1_ps(65504.0f),
+                             _CMP_LE_OQ);
+    __m256 ok = _mm256_cmp_ps(a, _mm256_set1_ps(REGROUP_S_MAX), _CMP_LE_OQ);
+    if (t == AWQ_BF16) {
+        __m256i low = _mm256_and_si256(_mm256_castps_si256(sc), _mm256_set1_epi32(0x000F0000));
+        ok = _mm256_and_ps(
+            ok, _mm256_castsi256_ps(_mm256_cmpeq_epi32(low, _mm256_setzero_si256())));
+    }
+    return ok;
+}
+
+__attribute__((target("avx2,f16c"))) static void classify_avx2(const plan *pl, const scratch *s,
+                                                               int64_t cols)
+{
+    const int64_t T = 8 * pl->lanes;
+    const awq_dtype t = pl->p->dtype;
+    for (int64_t t0 = 0; t0 < cols; t0 += T) {
+        int all = 0xFF, any = 0;
+        for (int64_t i = t0; i < t0 + T; i += 8) {
+            int bits = _mm256_movemask_ps(regroups8(_mm256_loadu_ps(s->scale + i), t));
+            all &= bits;
+            any |= bits;
+        }
+        int mode = (all != 0xFF ? MODE_EXACT : 0) | (any != 0 ? MODE_REGROUP : 0);
+        s->mode[t0 / T] = (unsigned char)mode;
+        if (mode != (MODE_EXACT | MODE_REGROUP))
+            continue;
+        for (int64_t i = t0; i < t0 + T; i += 8) {
+            __m256 sc = _mm256_loadu_ps(s->scale + i), ok = regroups8(sc, t);
+            _mm256_storeu_ps(s->escale + i, _mm256_andnot_ps(ok, sc));
+            _mm256_storeu_ps(s->rscale + i, _mm256_and_ps(ok, sc));
+        }
+    }
+}
+
 /* W rounded to the dtype and widened back, 8 lanes.  bfloat16: round to
  * nearest even at bit 16.  A NaN here is always a bfloat16 NaN (the
  * scale's, or the default NaN of Inf * 0), whose low 16 bits are zero: the
@@ -316,21 +484,23 @@ round8(__m256 e, const awq_dtype t)
 }
 
 /* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
- * block (nk of them, `stride` words apart), mb rows of x.  The word is
- * shifted right by 4 i0 so that nibble i0 + j sits at position j.  The
- * partial sums live in registers and are added to the totals at the end.
- * Called with constant mb, i0, np and t, so that every loop below unrolls
- * and acc[][] becomes registers. */
+ * block (nk of them, `stride` words apart), mb rows of x.  Nibble i0 + j
+ * is read at position j % P of the word shifted right by 4 (i0 + j - j %
+ * P).  The partial sums live in registers and are added to the totals at
+ * the end: as they are (exact form) or times the scales (regrouped).
+ * Called with constant mb, i0, np, t and rg, so that every loop below
+ * unrolls and acc[][] becomes registers. */
 static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
 pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const float *zero, const float *scale, float *total, int64_t width, const int mb,
-      const int i0, const int np, const awq_dtype t)
+      const int i0, const int np, const awq_dtype t, const int rg)
 {
+    enum { P = 2 };
     __m256 acc[LINEAR_MB][4];
-    __m256i mask[4];
-    __m256 offset[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < np; j++) {
+    __m256i mask[P];
+    __m256 offset[P];
+#pragma GCC unroll 2
+    for (int j = 0; j < P; j++) {
         mask[j] = _mm256_set1_epi32(0xF << (4 * j));
         offset[j] = _mm256_set1_ps(nibble_offset(j));
     }
@@ -347,9 +517,11 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
          * follow poorly.  A prefetch never faults, past the end included. */
         if (i0 == 0)
             _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
-        __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
-        if (i0 > 0)
-            w = _mm256_srli_epi32(w, 4 * i0);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
+        __m256i w[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < np / P; r++)
+            w[r] = i0 + P * r > 0 ? _mm256_srli_epi32(w0, 4 * (i0 + P * r)) : w0;
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
@@ -357,14 +529,16 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i q =
-                _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
+            __m256i q = _mm256_or_si256(_mm256_and_si256(w[j / P], mask[j % P]),
+                                        _mm256_castps_si256(offset[j % P]));
             __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
-            __m256 e = round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
+            /* exact: W rounded to the dtype; regrouped: q - z itself */
+            __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = t == AWQ_F16 ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
-                                         : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
+                acc[m][j] = fused_product(rg, t)
+                                ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
+                                : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
         }
     }
 
@@ -373,7 +547,9 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 8 * (i0 + j);
-            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][j]));
+            __m256 a = rg ? _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * (i0 + j)), acc[m][j])
+                          : acc[m][j];
+            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), a));
         }
 }
 
@@ -381,36 +557,44 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
 tile8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const float *zero, const float *scale, float *total, int64_t width, const int mb,
-      const awq_dtype t)
+      const awq_dtype t, const int rg)
 {
-    const int np = pass_nibbles(mb, 8);
+    const int np = pass_nibbles(mb, 8, rg);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
-        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t, rg);
 }
 
 typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
                         const float *, float *, int64_t);
 
+/* The tile functions of one width: [regrouped][dtype][mb - 1]. */
 #define TILE_FNS(BODY, TARGET, W)                                                                 \
-    TILE_FN(BODY, TARGET, W, f16, 1, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 2, AWQ_F16)            \
-    TILE_FN(BODY, TARGET, W, f16, 3, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 4, AWQ_F16)            \
-    TILE_FN(BODY, TARGET, W, bf16, 1, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 2, AWQ_BF16)        \
-    TILE_FN(BODY, TARGET, W, bf16, 3, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 4, AWQ_BF16)        \
-    TILE_FN(BODY, TARGET, W, f32, 1, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 2, AWQ_F32)            \
-    TILE_FN(BODY, TARGET, W, f32, 3, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 4, AWQ_F32)            \
-    static const tile_fn tiles##W[AWQ_NUM_DTYPES][LINEAR_MB] = {                                  \
-        {tile##W##_f16_1, tile##W##_f16_2, tile##W##_f16_3, tile##W##_f16_4},                     \
-        {tile##W##_bf16_1, tile##W##_bf16_2, tile##W##_bf16_3, tile##W##_bf16_4},                 \
-        {tile##W##_f32_1, tile##W##_f32_2, tile##W##_f32_3, tile##W##_f32_4},                     \
+    TILE_DTYPES(BODY, TARGET, W, 0, exact) TILE_DTYPES(BODY, TARGET, W, 1, regroup)               \
+    static const tile_fn tiles##W[2][AWQ_NUM_DTYPES][LINEAR_MB] = {                               \
+        {TILE_ROW(W, exact, f16), TILE_ROW(W, exact, bf16), TILE_ROW(W, exact, f32)},             \
+        {TILE_ROW(W, regroup, f16), TILE_ROW(W, regroup, bf16), TILE_ROW(W, regroup, f32)},       \
     };
 
-#define TILE_FN(BODY, TARGET, W, NAME, MB, T)                                                     \
-    __attribute__((target(TARGET))) static void tile##W##_##NAME##_##MB(                          \
+#define TILE_ROW(W, MODE, NAME)                                                                   \
+    {tile##W##_##MODE##_##NAME##_1, tile##W##_##MODE##_##NAME##_2,                                \
+     tile##W##_##MODE##_##NAME##_3, tile##W##_##MODE##_##NAME##_4}
+
+#define TILE_DTYPES(BODY, TARGET, W, RG, MODE)                                                    \
+    TILE_MBS(BODY, TARGET, W, RG, MODE, f16, AWQ_F16)                                             \
+    TILE_MBS(BODY, TARGET, W, RG, MODE, bf16, AWQ_BF16)                                           \
+    TILE_MBS(BODY, TARGET, W, RG, MODE, f32, AWQ_F32)
+
+#define TILE_MBS(BODY, TARGET, W, RG, MODE, NAME, T)                                              \
+    TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 1, T) TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 2, T) \
+    TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 3, T) TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 4, T)
+
+#define TILE_FN(BODY, TARGET, W, RG, MODE, NAME, MB, T)                                           \
+    __attribute__((target(TARGET))) static void tile##W##_##MODE##_##NAME##_##MB(                 \
         const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,               \
         const float *zero, const float *scale, float *total, int64_t width)                      \
     {                                                                                             \
-        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                             \
+        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T, RG);                         \
     }
 
 TILE_FNS(tile8, "avx2,f16c,fma", 8)
@@ -418,7 +602,7 @@ TILE_FNS(tile8, "avx2,f16c,fma", 8)
 #ifndef AWQ_LINEAR_NO_AVX512
 #define AWQ_LINEAR_AVX512 1
 
-/* The AVX-512 tile: 16 words, the pass of pass8 on 16 lanes. */
+/* The AVX-512 tile: 16 words.  round8 on 16 lanes. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) __m512
 round16(__m512 e, const awq_dtype t)
 {
@@ -433,67 +617,74 @@ round16(__m512 e, const awq_dtype t)
     return e;
 }
 
+/* The pass of pass8 on 16 lanes, with P = 4 positions. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
 pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
        const float *zero, const float *scale, float *total, int64_t width, const int mb,
-       const int i0, const int np, const awq_dtype t)
+       const int i0, const int np, const awq_dtype t, const int rg)
 {
-    __m512 acc[LINEAR_MB][4];
-    __m512i mask[4], offset[4];
+    enum { P = 4 };
+    __m512 acc[LINEAR_MB][8];
+    __m512i mask[P], offset[P];
 #pragma GCC unroll 4
-    for (int j = 0; j < np; j++) {
+    for (int j = 0; j < P; j++) {
         mask[j] = _mm512_set1_epi32(0xF << (4 * j));
         offset[j] = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(j)));
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm512_setzero_ps();
 
     for (int64_t k = 0; k < nk; k++) {
         if (i0 == 0) /* as in pass8 */
             _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
-        __m512i w = _mm512_loadu_si512((const void *)(qw + k * stride));
-        if (i0 > 0)
-            w = _mm512_srli_epi32(w, 4 * i0);
+        __m512i w0 = _mm512_loadu_si512((const void *)(qw + k * stride));
+        __m512i w[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < np / P; r++)
+            w[r] = i0 + P * r > 0 ? _mm512_srli_epi32(w0, 4 * (i0 + P * r)) : w0;
         __m512 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
             xm[m] = _mm512_set1_ps(x[m * K + k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
             /* (w & mask) | offset in one instruction: 0xEA is the truth
              * table of (a & b) | c */
-            __m512i q = _mm512_ternarylogic_epi32(w, mask[j], offset[j], 0xEA);
+            __m512i q = _mm512_ternarylogic_epi32(w[j / P], mask[j % P], offset[j % P], 0xEA);
             __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
-            __m512 e = round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
+            __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = t == AWQ_F16 ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
-                                         : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
+                acc[m][j] = fused_product(rg, t)
+                                ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
+                                : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
         }
     }
 
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 16 * (i0 + j);
-            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), acc[m][j]));
+            __m512 a = rg ? _mm512_mul_ps(_mm512_loadu_ps(scale + 16 * (i0 + j)), acc[m][j])
+                          : acc[m][j];
+            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), a));
         }
 }
 
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
 tile16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
        const float *zero, const float *scale, float *total, int64_t width, const int mb,
-       const awq_dtype t)
+       const awq_dtype t, const int rg)
 {
-    const int np = pass_nibbles(mb, 16);
+    const int np = pass_nibbles(mb, 16, rg);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
-        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t, rg);
 }
 
 TILE_FNS(tile16, "avx512f,avx2,f16c", 16)
@@ -517,38 +708,77 @@ static int vector_lanes(void)
     return cached;
 }
 
+/* One block of one tile (its words at qw, `stride` apart) for the item's mb
+ * rows; bit m of xok is set where row m may regroup in this group.  Rows
+ * that agree go through the tile functions together, else one by one; a
+ * row that may not regroup takes the exact form with the group's scales,
+ * whatever the tile's mode. */
+static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
+                     const tile_fn *regroup, const uint32_t *qw, int64_t stride, int64_t nk,
+                     const float *x, int64_t t0, int mode, int mb, unsigned xok)
+{
+    const int64_t K = pl->p->K, width = pl->width;
+    const unsigned all = (1u << mb) - 1;
+    if (xok == 0) {
+        exact[mb - 1](qw, stride, nk, x, K, s->zero + t0, s->scale + t0, s->total + t0, width);
+        return;
+    }
+    for (int m = 0; m < mb; m++) {
+        int rows = xok == all ? mb : 1; /* rows from m on, all in one call */
+        float *total = s->total + m * width + t0;
+        if (!(xok >> m & 1u)) {
+            exact[0](qw, stride, nk, x + m * K, K, s->zero + t0, s->scale + t0, total, width);
+            continue;
+        }
+        const int both = mode == (MODE_EXACT | MODE_REGROUP);
+        if (mode & MODE_EXACT)
+            exact[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
+                            (both ? s->escale : s->scale) + t0, total, width);
+        if (mode & MODE_REGROUP)
+            regroup[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
+                              (both ? s->rscale : s->scale) + t0, total, width);
+        m += rows - 1;
+    }
+}
+
 static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
                         int mb)
 {
     const awq_linear_problem *p = pl->p;
-    const int64_t K = p->K, G = p->G, words = p->N / 8;
+    const int64_t K = p->K, G = p->G, groups = K / G, words = p->N / 8;
     const int lanes = pl->lanes;
     const int64_t T = 8 * lanes;
 #ifdef AWQ_LINEAR_AVX512
-    const tile_fn tile = (lanes == 16 ? tiles16 : tiles8)[p->dtype][mb - 1];
+    const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = lanes == 16 ? tiles16 : tiles8;
 #else
-    const tile_fn tile = tiles8[p->dtype][mb - 1];
+    const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = tiles8;
 #endif
+    const tile_fn *exact = tiles[0][p->dtype], *regroup = tiles[1][p->dtype];
     const float *x = pl->x + m0 * K;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
-    for (int64_t g = 0; g < K / G; g++) {
-        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb, lanes));
+    for (int64_t g = 0; g < groups; g++) {
+        expand_avx2(pl, s, g, n0, cols, nibble_positions(lanes));
+        classify_avx2(pl, s, cols);
+        unsigned xok = 0;
+        for (int m = 0; m < mb; m++)
+            xok |= (unsigned)pl->xok[(m0 + m) * groups + g] << m;
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
             const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
             for (int64_t t0 = 0; t0 < cols; t0 += T) {
+                int mode = s->mode[t0 / T];
                 if (t0 + T <= cols) {
-                    tile(qw + t0 / 8, words, nk, x + b0, K, s->zero + t0, s->scale + t0,
-                         s->total + t0, pl->width);
+                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, t0, mode,
+                             mb, xok);
                 } else {
                     /* a partial tile: its words, padded with zeros */
                     int64_t nw = (cols - t0) / 8;
                     for (int64_t k = 0; k < nk; k++)
                         for (int64_t c = 0; c < lanes; c++)
                             s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
-                    tile(s->tail, lanes, nk, x + b0, K, s->zero + t0, s->scale + t0,
-                         s->total + t0, pl->width);
+                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, t0, mode, mb,
+                             xok);
                 }
             }
         }
@@ -656,18 +886,22 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         threads = 1;
 
     /* Everything is allocated here, before any thread starts: x in float32
-     * (unless it already is) and one scratch per thread. */
+     * (unless it already is), the rows' regrouping flags and one scratch
+     * per thread. */
     size_t per = scratch_bytes(pl.width);
+    if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
+        return AWQ_ERR_NOMEM;
     size_t xbytes = 0;
     if (p->dtype != AWQ_F32) {
-        if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
-            return AWQ_ERR_NOMEM;
         xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
         xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
     }
-    if ((size_t)threads > (SIZE_MAX - xbytes) / per)
+    /* M (K / G) <= M K: no overflow after the check above */
+    size_t okbytes = (size_t)p->M * (size_t)(p->K / p->G);
+    okbytes = (okbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+    if (xbytes > SIZE_MAX - okbytes || (size_t)threads > (SIZE_MAX - xbytes - okbytes) / per)
         return AWQ_ERR_NOMEM;
-    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + per * (size_t)threads);
+    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + okbytes + per * (size_t)threads);
     if (mem == NULL)
         return AWQ_ERR_NOMEM;
     if (p->dtype == AWQ_F32) {
@@ -676,7 +910,9 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
         pl.x = (const float *)mem;
     }
-    char *scratch_mem = mem + xbytes;
+    rows_regroup(&pl, (unsigned char *)(mem + xbytes));
+    pl.xok = (const unsigned char *)(mem + xbytes);
+    char *scratch_mem = mem + xbytes + okbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
         scratch s = scratch_at(scratch_mem, pl.width);
