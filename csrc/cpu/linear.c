@@ -23,20 +23,19 @@
  * (an 11-bit significand; a W in float16's subnormal range is exact, every
  * float16 being a multiple of 2^-24) and 2^-24 in float32, and adds one
  * float32 rounding per block.  Its terms (q - z) x are exact in float32
- * for float16 and bfloat16 x, and rounded once for float32, as x W is.
- * It takes half the exact form's vector operations per weight, or fewer
- * (no product with s, no rounding of W to the dtype).
+ * for float16 x, and rounded once for float32, as x W is.  It saves the
+ * product with s and the rounding of W to the dtype in every term: half
+ * the vector operations per weight for float16.
  *
  * The exact form stays where the regrouped one would differ in kind
  * ("where the sum is regrouped" below): a (group, column) whose scale is
  * NaN, Inf or so large that some W overflows the dtype, so that NaN and
- * Inf reach y exactly as through dequantize and a matmul; a bfloat16 scale
- * with more than 4 significant bits, since a bfloat16 W's rounding (up to
- * 2^-8 of |W|) does not fit in 2^-9; and a (row, group) of x holding a NaN,
- * an Inf or a value beyond 2^54, where the regrouped sums could overflow
- * where x W would not.  Both forms meet in one sum only as block
- * contributions to a total, and which one a block takes depends on the
- * problem alone.
+ * Inf reach y exactly as through dequantize and a matmul; a (row, group)
+ * of x holding a NaN, an Inf or a value beyond 2^54, where the regrouped
+ * sums could overflow where x W would not; and all of bfloat16, whose W
+ * rounds by up to 2^-8 of |W|, more than the tolerance's 2^-9.  Both
+ * forms meet in one sum only as block contributions to a total, and which
+ * one a block takes depends on the problem alone.
  *
  * Every term of a partial is rounded to float32 before it is added, in
  * the vector paths and the scalar path alike (see "fused" below for the
@@ -143,16 +142,15 @@ static scratch scratch_at(char *base, int64_t width)
  *
  * A regrouped (group, column) needs a finite scale small enough that no W
  * overflows: float16, 15 |s| <= 65504 (15 |s| is exact in float32);
- * bfloat16 and float32, |s| <= 2^60.  A bfloat16 scale must moreover have
- * at most 4 significant bits, so that every (q - z) s is a bfloat16: W's
- * rounding error, up to 2^-8 of |W| in bfloat16, would not fit in the
- * tolerance's 2^-9 (in float16 it is at most 2^-11, in float32 2^-24).
- * A regrouped (row, group) needs every |x| <= 2^54 (which every finite
- * float16 is): then a block's sum of (q - z) x stays below 64 * 15 * 2^54
- * < 2^64 and s times it below 2^124, so nothing overflows where the exact
- * form would not, and NaN and Inf in x or in the scales always take the
- * exact form.  Both tests depend on the problem alone, never on the chunk,
- * the thread or the path. */
+ * float32, |s| <= 2^60.  A regrouped (row, group) needs every |x| <= 2^54
+ * (which every finite float16 is): then a block's sum of (q - z) x stays
+ * below 64 * 15 * 2^54 < 2^64 and s times it below 2^124, so nothing
+ * overflows where the exact form would not, and NaN and Inf in x or in
+ * the scales always take the exact form.  bfloat16 never regroups: its W
+ * rounds by up to 2^-8 of |W| (float16's by at most 2^-11, float32's by
+ * 2^-24), which a regrouped sum would carry into y beyond the tolerance's
+ * 2^-9 (tests/c/test_linear_cpu.c builds such a sum).  Both tests depend
+ * on the problem alone, never on the chunk, the thread or the path. */
 #define REGROUP_X_MAX 0x1p54f
 #define REGROUP_S_MAX 0x1p60f
 
@@ -161,8 +159,8 @@ static inline int scale_regroups(float s, awq_dtype t)
     float a = bits_f32(f32_bits(s) & 0x7FFFFFFFu);
     switch (t) {
     case AWQ_F16: return a * 15.0f <= 65504.0f;
-    case AWQ_BF16: return a <= REGROUP_S_MAX && (f32_bits(s) & 0x000F0000u) == 0;
-    default: return a <= REGROUP_S_MAX;
+    case AWQ_F32: return a <= REGROUP_S_MAX;
+    default: return 0;
     }
 }
 
@@ -306,15 +304,11 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
 #ifdef AWQ_X86_DISPATCH
 
 /* Whether x * e + acc may be one fused multiply-add: where the product is
- * exact in float32, rounding it first changes nothing.  Exact tiles: a
- * float16 x times a float16 W (see "fused" above).  Regrouped tiles: q - z
- * (5 bits) times a float16 or bfloat16 x (11 or 8 bits), never near
- * float32's range limits because a regrouped row has |x| <= 2^54.  A
- * float32 x times anything is rounded, so it stays a separate multiply. */
-static inline int fused_product(int rg, awq_dtype t)
-{
-    return t == AWQ_F16 || (rg && t == AWQ_BF16);
-}
+ * exact in float32, rounding it first changes nothing.  That is float16
+ * alone: x times W (see "fused" above) or times q - z (5 bits).  A
+ * float32 x times anything is rounded, so it stays a separate multiply,
+ * and a bfloat16 x times W may leave float32's range. */
+static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
@@ -432,13 +426,7 @@ regroups8(__m256 sc, const awq_dtype t)
     if (t == AWQ_F16)
         return _mm256_cmp_ps(_mm256_mul_ps(a, _mm256_set1_ps(15.0f)), _mm256_set1_ps(65504.0f),
                              _CMP_LE_OQ);
-    __m256 ok = _mm256_cmp_ps(a, _mm256_set1_ps(REGROUP_S_MAX), _CMP_LE_OQ);
-    if (t == AWQ_BF16) {
-        __m256i low = _mm256_and_si256(_mm256_castps_si256(sc), _mm256_set1_epi32(0x000F0000));
-        ok = _mm256_and_ps(
-            ok, _mm256_castsi256_ps(_mm256_cmpeq_epi32(low, _mm256_setzero_si256())));
-    }
-    return ok;
+    return _mm256_cmp_ps(a, _mm256_set1_ps(REGROUP_S_MAX), _CMP_LE_OQ);
 }
 
 __attribute__((target("avx2,f16c"))) static void classify_avx2(const plan *pl, const scratch *s,
@@ -447,6 +435,10 @@ __attribute__((target("avx2,f16c"))) static void classify_avx2(const plan *pl, c
     const int64_t T = 8 * pl->lanes;
     const awq_dtype t = pl->p->dtype;
     for (int64_t t0 = 0; t0 < cols; t0 += T) {
+        if (t == AWQ_BF16) {
+            s->mode[t0 / T] = MODE_EXACT;
+            continue;
+        }
         int all = 0xFF, any = 0;
         for (int64_t i = t0; i < t0 + T; i += 8) {
             int bits = _mm256_movemask_ps(regroups8(_mm256_loadu_ps(s->scale + i), t));
@@ -536,7 +528,7 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
             __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = fused_product(rg, t)
+                acc[m][j] = fused_product(t)
                                 ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
                                 : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
         }
@@ -568,22 +560,22 @@ tile8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
                         const float *, float *, int64_t);
 
-/* The tile functions of one width: [regrouped][dtype][mb - 1]. */
+/* The tile functions of one width: [regrouped][dtype][mb - 1] (bfloat16
+ * never regroups). */
 #define TILE_FNS(BODY, TARGET, W)                                                                 \
-    TILE_DTYPES(BODY, TARGET, W, 0, exact) TILE_DTYPES(BODY, TARGET, W, 1, regroup)               \
+    TILE_MBS(BODY, TARGET, W, 0, exact, f16, AWQ_F16)                                             \
+    TILE_MBS(BODY, TARGET, W, 0, exact, bf16, AWQ_BF16)                                           \
+    TILE_MBS(BODY, TARGET, W, 0, exact, f32, AWQ_F32)                                             \
+    TILE_MBS(BODY, TARGET, W, 1, regroup, f16, AWQ_F16)                                           \
+    TILE_MBS(BODY, TARGET, W, 1, regroup, f32, AWQ_F32)                                           \
     static const tile_fn tiles##W[2][AWQ_NUM_DTYPES][LINEAR_MB] = {                               \
         {TILE_ROW(W, exact, f16), TILE_ROW(W, exact, bf16), TILE_ROW(W, exact, f32)},             \
-        {TILE_ROW(W, regroup, f16), TILE_ROW(W, regroup, bf16), TILE_ROW(W, regroup, f32)},       \
+        {TILE_ROW(W, regroup, f16), {NULL}, TILE_ROW(W, regroup, f32)},                           \
     };
 
 #define TILE_ROW(W, MODE, NAME)                                                                   \
     {tile##W##_##MODE##_##NAME##_1, tile##W##_##MODE##_##NAME##_2,                                \
      tile##W##_##MODE##_##NAME##_3, tile##W##_##MODE##_##NAME##_4}
-
-#define TILE_DTYPES(BODY, TARGET, W, RG, MODE)                                                    \
-    TILE_MBS(BODY, TARGET, W, RG, MODE, f16, AWQ_F16)                                             \
-    TILE_MBS(BODY, TARGET, W, RG, MODE, bf16, AWQ_BF16)                                           \
-    TILE_MBS(BODY, TARGET, W, RG, MODE, f32, AWQ_F32)
 
 #define TILE_MBS(BODY, TARGET, W, RG, MODE, NAME, T)                                              \
     TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 1, T) TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 2, T) \
@@ -659,7 +651,7 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
             __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = fused_product(rg, t)
+                acc[m][j] = fused_product(t)
                                 ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
                                 : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
         }

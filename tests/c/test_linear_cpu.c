@@ -327,13 +327,14 @@ static const int64_t NS[] = {8, 16, 56, 64, 72, 120, 136, 200, 256, 328};
 
 /* Problem i >= SWEEP_RANDOM of the sweep: the regrouped and the exact form
  * side by side.  Several groups get a run of columns whose scales are NaN,
- * +-Inf or too large to regroup (float16: 15 |s| > 65504; bfloat16 and
- * float32: |s| > 2^60), and other groups a row of x too large to regroup
- * (|x| > 2^54; float16: an Inf): those (group, column) and (row, group)
- * take the exact form, the rest the regrouped one.  Large x and large
- * scales never meet in one group (a problem of one group gets one or the
- * other), so that every float32 sum stays finite where the float64
- * reference does. */
+ * +-Inf or too large to regroup (float16: 15 |s| > 65504; float32: |s| >
+ * 2^60), and other groups a row of x too large to regroup (|x| > 2^54;
+ * float16: an Inf): those (group, column) and (row, group) take the exact
+ * form, the rest the regrouped one.  (bfloat16 takes the exact form
+ * throughout; its problems are built alike.)  Large x and large scales
+ * never meet in one group (a problem of one group gets one or the other),
+ * so that every float32 sum stays finite where the float64 reference
+ * does. */
 static problem mixed_problem(int i)
 {
     rng_state = 0xC0FFEEu + (uint64_t)i * 104729u;
@@ -503,10 +504,10 @@ static void test_regrouped_and_exact_forms(awq_status (*linear)(const awq_linear
     }
 }
 
-/* bfloat16 keeps the exact form where W rounds: its rounding error, up to
- * 2^-8 of |W|, would take a regrouped sum outside the tolerance.  s =
- * 1.15625 (6 significant bits); q - z = 7 gives W = 8.09375 rounded (a
- * tie) to 8.125, q - z = 9 gives 10.40625 rounded to 10.375.  Rows
+/* bfloat16 keeps the exact form: W's rounding error, up to 2^-8 of |W|,
+ * would take a regrouped sum outside the tolerance.  s = 1.15625; q - z =
+ * 7 gives W = 8.09375 rounded (a tie) to 8.125, q - z = 9 gives 10.40625
+ * rounded to 10.375.  Rows
  * alternate x = 1, q - z = 7 and x = -0.78125, q - z = 9: the float64
  * reference is 32 (8.125 - 8.10546875) = 0.625 with |x| @ |W| = 519.375,
  * a tolerance of 1.0144 + 1 ulp; the regrouped form would give s * 32 (7 -
