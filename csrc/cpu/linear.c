@@ -82,9 +82,11 @@ enum {
 };
 
 /* The default chunk: the largest of these that still gives every thread a
- * few items to balance (a chunk's rows are read as runs of chunk / 2
- * bytes, and longer runs stream better). */
-#define LINEAR_CHUNK_MAX 512
+ * few items to balance.  A chunk's rows are read as runs of chunk / 2
+ * bytes, and longer runs stream better; where qweight lies on 4 KiB pages,
+ * each row of each item also costs a TLB miss, as rows are N / 2 bytes
+ * apart. */
+#define LINEAR_CHUNK_MAX 2048
 #define LINEAR_CHUNK_MIN 64
 #define LINEAR_ITEMS_PER_THREAD 4
 
@@ -945,7 +947,7 @@ const char *awq_cpu_linear_simd(void)
 
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
 {
-    static const int64_t chunks[] = {64, 128, 256, 512, 1024};
+    static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048};
     if (!configs || cap <= 0)
         return 0;
     int n = 0;
