@@ -287,9 +287,8 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
  * gives q - z, exactly (both are integers below 2^24).  A register pass
  * handles np consecutive nibbles i0 .. i0 + np - 1 of the word, each at
- * position p = i % P of the word shifted right by 4 (i - p), P = 2 (AVX2)
- * or 4 (AVX-512), so that the pass needs only P masks and P offsets, kept
- * in registers.
+ * position p = i % 4 of the word shifted right by 4 (i - p), so that the
+ * pass needs at most 4 masks and 4 offsets, kept in registers.
  *
  * Both widths run the same float32 operations in the same order as the
  * scalar path (AVX-512 only does twice the columns per instruction, and
@@ -315,16 +314,16 @@ static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
-/* Nibble positions: a register pass reads nibble i at position i % P of
- * the word shifted right by 4 (i - i % P), with P = 2 in the AVX2 tiles and
- * 4 in the AVX-512 tiles, whatever the rows of x, so that one expansion of
- * the zero points serves a row block and each of its rows. */
-static inline int nibble_positions(int lanes) { return lanes == 16 ? 4 : 2; }
+/* Nibble positions: a register pass reads nibble i at position p = i % 4
+ * of the word shifted right by 4 (i - p), in both tile widths and for any
+ * rows of x, so that one expansion of the zero points serves a row block
+ * and each of its rows. */
+enum { NIBBLE_POSITIONS = 4 };
 
 /* Nibbles per register pass for mb rows of x: the mb x np accumulators,
- * the P masks and P offsets of the positions, the words, x's broadcasts
- * and (exact form) the zero points and scales fit in the 16 vector
- * registers of AVX2, or the 32 of AVX-512, or nearly. */
+ * the masks and offsets of the positions, the words, x's broadcasts and
+ * (exact form) the zero points and scales fit in the 16 vector registers
+ * of AVX2, or the 32 of AVX-512, or nearly. */
 static inline int pass_nibbles(int mb, int lanes, int rg)
 {
     if (lanes == 16)
@@ -337,9 +336,9 @@ static inline int pass_nibbles(int mb, int lanes, int rg)
  * (zero-padded) words give W = 0 and never a NaN.  Eight words at a time,
  * so the same code serves both tile widths. */
 __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
-                                                             int64_t g, int64_t n0, int64_t cols,
-                                                             int P)
+                                                             int64_t g, int64_t n0, int64_t cols)
 {
+    enum { P = NIBBLE_POSITIONS };
     const awq_linear_problem *p = pl->p;
     const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
     const int lanes = pl->lanes;
@@ -478,22 +477,22 @@ round8(__m256 e, const awq_dtype t)
 }
 
 /* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
- * block (nk of them, `stride` words apart), mb rows of x.  Nibble i0 + j
- * is read at position j % P of the word shifted right by 4 (i0 + j - j %
- * P).  The partial sums live in registers and are added to the totals at
- * the end: as they are (exact form) or times the scales (regrouped).
- * Called with constant mb, i0, np, t and rg, so that every loop below
- * unrolls and acc[][] becomes registers. */
+ * block (nk of them, `stride` words apart), mb rows of x.  Nibble i is
+ * read at position i % P of the word shifted right by 4 (i - i % P), P =
+ * NIBBLE_POSITIONS.  The partial sums live in registers and are added to
+ * the totals at the end: as they are (exact form) or times the scales
+ * (regrouped).  Called with constant mb, i0, np, t and rg, so that every
+ * loop below unrolls and acc[][] becomes registers. */
 static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
 pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const float *zero, const float *scale, float *total, int64_t width, const int mb,
       const int i0, const int np, const awq_dtype t, const int rg)
 {
-    enum { P = 2 };
+    enum { P = NIBBLE_POSITIONS };
     __m256 acc[LINEAR_MB][4];
     __m256i mask[P];
     __m256 offset[P];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < P; j++) {
         mask[j] = _mm256_set1_epi32(0xF << (4 * j));
         offset[j] = _mm256_set1_ps(nibble_offset(j));
@@ -512,10 +511,10 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
         if (i0 == 0)
             _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
-        __m256i w[2];
+        __m256i w[2]; /* the word shifted for nibbles i0 / P * P + P r on */
 #pragma GCC unroll 2
-        for (int r = 0; r < np / P; r++)
-            w[r] = i0 + P * r > 0 ? _mm256_srli_epi32(w0, 4 * (i0 + P * r)) : w0;
+        for (int r = 0; r <= (i0 + np - 1) / P - i0 / P; r++)
+            w[r] = i0 / P + r > 0 ? _mm256_srli_epi32(w0, 4 * P * (i0 / P + r)) : w0;
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
@@ -523,8 +522,8 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i q = _mm256_or_si256(_mm256_and_si256(w[j / P], mask[j % P]),
-                                        _mm256_castps_si256(offset[j % P]));
+            __m256i q = _mm256_or_si256(_mm256_and_si256(w[i / P - i0 / P], mask[i % P]),
+                                        _mm256_castps_si256(offset[i % P]));
             __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
             /* exact: W rounded to the dtype; regrouped: q - z itself */
             __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
@@ -611,13 +610,13 @@ round16(__m512 e, const awq_dtype t)
     return e;
 }
 
-/* The pass of pass8 on 16 lanes, with P = 4 positions. */
+/* The pass of pass8 on 16 lanes. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
 pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
        const float *zero, const float *scale, float *total, int64_t width, const int mb,
        const int i0, const int np, const awq_dtype t, const int rg)
 {
-    enum { P = 4 };
+    enum { P = NIBBLE_POSITIONS };
     __m512 acc[LINEAR_MB][8];
     __m512i mask[P], offset[P];
 #pragma GCC unroll 4
@@ -637,8 +636,8 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
         __m512i w0 = _mm512_loadu_si512((const void *)(qw + k * stride));
         __m512i w[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < np / P; r++)
-            w[r] = i0 + P * r > 0 ? _mm512_srli_epi32(w0, 4 * (i0 + P * r)) : w0;
+        for (int r = 0; r <= (i0 + np - 1) / P - i0 / P; r++)
+            w[r] = i0 / P + r > 0 ? _mm512_srli_epi32(w0, 4 * P * (i0 / P + r)) : w0;
         __m512 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
@@ -648,7 +647,8 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
             const int i = i0 + j;
             /* (w & mask) | offset in one instruction: 0xEA is the truth
              * table of (a & b) | c */
-            __m512i q = _mm512_ternarylogic_epi32(w[j / P], mask[j % P], offset[j % P], 0xEA);
+            __m512i q =
+                _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P], offset[i % P], 0xEA);
             __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
             __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
@@ -752,7 +752,7 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
-        expand_avx2(pl, s, g, n0, cols, nibble_positions(lanes));
+        expand_avx2(pl, s, g, n0, cols);
         classify_avx2(pl, s, cols);
         unsigned xok = 0;
         for (int m = 0; m < mb; m++)
