@@ -146,7 +146,7 @@ static scratch scratch_at(char *base, int64_t width)
  * overflows: float16, 15 |s| <= 65504 (15 |s| is exact in float32);
  * float32, |s| <= 2^60.  A regrouped (row, group) needs every |x| <= 2^54
  * (which every finite float16 is): then a block's sum of (q - z) x stays
- * below 64 * 15 * 2^54 < 2^64 and s times it below 2^124, so nothing
+ * below LINEAR_KB * 15 * 2^54 < 2^64 and s times it below 2^124, so nothing
  * overflows where the exact form would not, and NaN and Inf in x or in
  * the scales always take the exact form.  bfloat16 never regroups: its W
  * rounds by up to 2^-8 of |W| (float16's by at most 2^-11, float32's by
@@ -155,6 +155,7 @@ static scratch scratch_at(char *base, int64_t width)
  * on the problem alone, never on the chunk, the thread or the path. */
 #define REGROUP_X_MAX 0x1p54f
 #define REGROUP_S_MAX 0x1p60f
+_Static_assert(LINEAR_KB * 15 < 1024, "a regrouped block's sum must stay below 2^64");
 
 static inline int scale_regroups(float s, awq_dtype t)
 {
@@ -703,17 +704,17 @@ static int vector_lanes(void)
 }
 
 /* One block of one tile (its words at qw, `stride` apart) for the item's mb
- * rows; bit m of xok is set where row m may regroup in this group.  Rows
- * that agree go through the tile functions together, else one by one; a
- * row that may not regroup takes the exact form with the group's scales,
- * whatever the tile's mode. */
+ * rows; bit m of xok is set where row m may regroup in this group.  A row
+ * that may not regroup takes the exact form with the group's scales,
+ * whatever the tile's mode.  Rows that agree go through the tile functions
+ * together, else one by one. */
 static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
                      const tile_fn *regroup, const uint32_t *qw, int64_t stride, int64_t nk,
                      const float *x, int64_t t0, int mode, int mb, unsigned xok)
 {
     const int64_t K = pl->p->K, width = pl->width;
     const unsigned all = (1u << mb) - 1;
-    if (xok == 0) {
+    if (xok == 0 || mode == MODE_EXACT) {
         exact[mb - 1](qw, stride, nk, x, K, s->zero + t0, s->scale + t0, s->total + t0, width);
         return;
     }
