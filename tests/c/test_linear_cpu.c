@@ -12,7 +12,10 @@
  * this file's own dequantization (its own float16 / bfloat16 decoding and
  * rounding, none of the kernel's helpers):
  *   |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of the dtype at y64,
- * NaN where y64 is NaN, the same Inf where y64 is Inf.
+ * NaN where y64 is NaN, the same Inf where y64 is Inf.  The kernel sums
+ * some parts of K as s * sum (q - z) x ("regrouped") and others as sum x W
+ * ("exact", cpu/linear.c says where); the sweep mixes both in one problem,
+ * and worked examples tell them apart bit for bit.
  *
  * The scalar path is checked in a child process started before anything
  * else (AWQ_FAST_DEQUANT_CPU_SCALAR=1 is read once per process): it runs
