@@ -38,11 +38,12 @@
  * one a block takes depends on the problem alone.
  *
  * Every term of a partial is rounded to float32 before it is added, in
- * the vector paths and the scalar path alike (see "fused" below for the
- * one form that differs without changing a bit), so all of them give the
- * same bits for every chunk size and thread count.  Blocking the sum also
- * keeps its error near (LINEAR_KB + K / LINEAR_KB) float32 roundings
- * instead of K.
+ * the vector paths and the scalar path alike (see "fused" and "subnormal"
+ * below for the forms that differ without changing a bit), so all of them
+ * give the same bits for every chunk size and thread count, in the default
+ * floating-point environment that each thread sets for the call
+ * (fp_enter).  Blocking the sum also keeps its error near (LINEAR_KB + K /
+ * LINEAR_KB) float32 roundings instead of K.
  *
  * Work: the output columns are cut into chunks (c->chunk columns) and the
  * rows of x into blocks of up to LINEAR_MB rows; one work item is one
@@ -301,7 +302,23 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * scalar path's separate multiply) changes nothing: the fused and the
  * separate forms give the same bits, Inf and NaN included.  For bfloat16
  * (whose products can leave float32's range) and float32 the multiply and
- * the addition stay separate. */
+ * the addition stay separate.
+ *
+ * "Subnormal": float16 regrouped tiles find q - z among float32's
+ * subnormals (`tiny` in the code).  Nibble i, masked in place at bit 4p
+ * and read as float32 bits, is the subnormal q 2^(4p - 149) exactly, with
+ * no offset; the zero point's bits without the exponent (zero & 0x7FFFFF)
+ * are z 2^(4p - 149), so one subtraction gives (q - z) 2^(4p - 149)
+ * exactly, and the AND, unlike the ternary logic, leaves the word for the
+ * next nibble without a copy.  x is taken times 2^64 (exact): each
+ * product x 2^64 (q - z) 2^(4p - 149) is then a normal float32, at least
+ * 2^(-24 + 64 - 149) = 2^-109, exact as (q - z) x is (15 significant bits
+ * at most), and each partial sum is the scalar path's times 2^(4p - 85),
+ * exactly: those sums are multiples of 2^-24 (float16 x is) below 2^26,
+ * so 0 or normal at either scale, where a power of two commutes with
+ * rounding.  The block's partial is then multiplied by s 2^(85 - 4p)
+ * (exact) instead of s: the same real product, the same rounding.  This
+ * needs subnormals read and written as they are, which fp_enter ensures. */
 
 #ifdef AWQ_X86_DISPATCH
 
@@ -314,6 +331,12 @@ static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
+
+/* The float16 regrouped tiles' scales ("subnormal" above): x is taken
+ * times 2^64, so the sums of nibble position p come out times
+ * 2^(64 + 4p - 149) = 2^(4p - 85), which s 2^(85 - 4p) undoes. */
+#define TINY_X_SCALE 0x1p64f
+static inline float tiny_unscale(int p) { return bits_f32((uint32_t)(127 + 85 - 4 * p) << 23); }
 
 /* Nibble positions: a register pass reads nibble i at position p = i % 4
  * of the word shifted right by 4 (i - p), in both tile widths and for any
@@ -490,7 +513,8 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const int i0, const int np, const awq_dtype t, const int rg)
 {
     enum { P = NIBBLE_POSITIONS };
-    __m256 acc[LINEAR_MB][4];
+    const int tiny = rg && t == AWQ_F16; /* q - z among the subnormals (above) */
+    __m256 acc[LINEAR_MB][4], ztiny[4];
     __m256i mask[P];
     __m256 offset[P];
 #pragma GCC unroll 4
@@ -503,6 +527,10 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; tiny && j < np; j++)
+        ztiny[j] = _mm256_and_ps(_mm256_loadu_ps(zero + 8 * (i0 + j)),
+                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         /* the same tile row one block ahead, into L2 (where a chunk's
@@ -519,13 +547,15 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = _mm256_broadcast_ss(x + m * K + k);
+            xm[m] = tiny ? _mm256_set1_ps(x[m * K + k] * TINY_X_SCALE)
+                         : _mm256_broadcast_ss(x + m * K + k);
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i q = _mm256_or_si256(_mm256_and_si256(w[i / P - i0 / P], mask[i % P]),
-                                        _mm256_castps_si256(offset[i % P]));
-            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
+            __m256i bits = _mm256_and_si256(w[i / P - i0 / P], mask[i % P]);
+            __m256 d = tiny ? _mm256_sub_ps(_mm256_castsi256_ps(bits), ztiny[j])
+                            : _mm256_sub_ps(_mm256_or_ps(_mm256_castsi256_ps(bits), offset[i % P]),
+                                            _mm256_loadu_ps(zero + 8 * i));
             /* exact: W rounded to the dtype; regrouped: q - z itself */
             __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
@@ -541,8 +571,10 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 8 * (i0 + j);
-            __m256 a = rg ? _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * (i0 + j)), acc[m][j])
-                          : acc[m][j];
+            __m256 sc = _mm256_loadu_ps(scale + 8 * (i0 + j));
+            if (tiny)
+                sc = _mm256_mul_ps(sc, _mm256_set1_ps(tiny_unscale((i0 + j) % P)));
+            __m256 a = rg ? _mm256_mul_ps(sc, acc[m][j]) : acc[m][j];
             _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), a));
         }
 }
@@ -618,7 +650,8 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
        const int i0, const int np, const awq_dtype t, const int rg)
 {
     enum { P = NIBBLE_POSITIONS };
-    __m512 acc[LINEAR_MB][8];
+    const int tiny = rg && t == AWQ_F16; /* as in pass8 */
+    __m512 acc[LINEAR_MB][8], ztiny[8];
     __m512i mask[P], offset[P];
 #pragma GCC unroll 4
     for (int j = 0; j < P; j++) {
@@ -630,6 +663,10 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; tiny && j < np; j++)
+        ztiny[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(zero + 16 * (i0 + j)),
+                                                        _mm512_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         if (i0 == 0) /* as in pass8 */
@@ -642,15 +679,21 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
         __m512 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = _mm512_set1_ps(x[m * K + k]);
+            xm[m] = _mm512_set1_ps(tiny ? x[m * K + k] * TINY_X_SCALE : x[m * K + k]);
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            /* (w & mask) | offset in one instruction: 0xEA is the truth
-             * table of (a & b) | c */
-            __m512i q =
-                _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P], offset[i % P], 0xEA);
-            __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
+            __m512 d;
+            if (tiny) {
+                __m512i bits = _mm512_and_si512(w[i / P - i0 / P], mask[i % P]);
+                d = _mm512_sub_ps(_mm512_castsi512_ps(bits), ztiny[j]);
+            } else {
+                /* (w & mask) | offset in one instruction: 0xEA is the
+                 * truth table of (a & b) | c */
+                __m512i q = _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P],
+                                                      offset[i % P], 0xEA);
+                d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
+            }
             __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
@@ -665,8 +708,10 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 16 * (i0 + j);
-            __m512 a = rg ? _mm512_mul_ps(_mm512_loadu_ps(scale + 16 * (i0 + j)), acc[m][j])
-                          : acc[m][j];
+            __m512 sc = _mm512_loadu_ps(scale + 16 * (i0 + j));
+            if (tiny)
+                sc = _mm512_mul_ps(sc, _mm512_set1_ps(tiny_unscale((i0 + j) % P)));
+            __m512 a = rg ? _mm512_mul_ps(sc, acc[m][j]) : acc[m][j];
             _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), a));
         }
 }
@@ -812,6 +857,31 @@ static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dt
         dst[i] = load_scale(src, i, t);
 }
 
+/* The floating-point environment the sums are defined in, per thread:
+ * round to nearest even, subnormals neither flushed nor read as zero
+ * (MXCSR's default).  A caller may have changed its own (PyTorch's
+ * set_flush_denormal does, and threads inherit it), which would change
+ * bits and break the float16 regrouped tiles, whose q - z are subnormal. */
+static unsigned fp_enter(void)
+{
+#ifdef AWQ_X86_DISPATCH
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(0x1F80u); /* all exceptions masked, round to nearest, no FTZ / DAZ */
+    return old;
+#else
+    return 0;
+#endif
+}
+
+static void fp_leave(unsigned old)
+{
+#ifdef AWQ_X86_DISPATCH
+    _mm_setcsr(old);
+#else
+    (void)old;
+#endif
+}
+
 /* Work item i: chunk i % chunks of the columns, row block i / chunks. */
 static void run_item(const plan *pl, const scratch *s, int64_t i)
 {
@@ -910,14 +980,17 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     char *scratch_mem = mem + xbytes + okbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
+        unsigned env = fp_enter();
         scratch s = scratch_at(scratch_mem, pl.width);
         for (int64_t i = 0; i < items; i++)
             run_item(&pl, &s, i);
+        fp_leave(env);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
+            unsigned env = fp_enter();
             scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
             /* dynamic: a core shared with other processes takes fewer
              * items.  The schedule decides only who computes an output
@@ -925,6 +998,7 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
                 run_item(&pl, &s, i);
+            fp_leave(env);
         }
     }
 #endif

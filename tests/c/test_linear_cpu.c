@@ -48,6 +48,11 @@
 awq_status awq_cpu_linear_narrow(const awq_linear_problem *p, const awq_config *c);
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_MXCSR 1
+#endif
+
 static int failures, checks;
 
 #define CHECK(cond)                                                                               \
@@ -533,6 +538,43 @@ static void test_bf16_rounded_w_stays_exact(void)
     free_problem(&P);
 }
 
+#ifdef HAVE_MXCSR
+/* The caller's floating-point environment changes no bit: flush-to-zero,
+ * denormals-are-zero and rounding toward zero, set in this thread and in
+ * OpenMP's pooled threads, give the bits of the default environment (the
+ * float16 regrouped tiles compute with subnormals), and each thread's own
+ * environment is back afterwards. */
+static void test_float_environment(void)
+{
+    const unsigned odd = 0x1F80u | 0x8040u | 0x6000u; /* masked, FTZ + DAZ, toward zero */
+    for (int t = AWQ_F16; t <= AWQ_F32; t++) {
+        rng_state = 21 + (uint64_t)t;
+        problem P = make_problem(3, 384, 136, 128, (awq_dtype)t, 1, 1);
+        size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
+        CHECK(run(&P, 1, 0) == AWQ_OK);
+        void *want = xmalloc(bytes);
+        memcpy(want, P.y, bytes);
+        for (int threads = 1; threads <= 2; threads++) {
+            unsigned mine = _mm_getcsr(), seen = 0;
+#pragma omp parallel num_threads(threads)
+            _mm_setcsr(odd);
+            memset(P.y, 0x5A, bytes);
+            CHECK(run(&P, threads, 64) == AWQ_OK);
+            CHECK(same_bits(want, P.y, P.M * P.N, P.t));
+#pragma omp parallel num_threads(threads) reduction(| : seen)
+            {
+                seen |= _mm_getcsr() ^ odd;
+                _mm_setcsr(mine);
+            }
+            CHECK(seen == 0);
+            _mm_setcsr(mine);
+        }
+        free(want);
+        free_problem(&P);
+    }
+}
+#endif
+
 static void test_edges(void)
 {
     /* K = 0: y = bias (or zeros) */
@@ -779,6 +821,9 @@ int main(int argc, char **argv)
         test_worked_example();
         test_regrouped_and_exact_forms(awq_cpu_linear, "scalar path, forms");
         test_bf16_rounded_w_stays_exact();
+#ifdef HAVE_MXCSR
+        test_float_environment();
+#endif
         test_edges();
         test_products_round_first();
         fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_linear_simd(), checks,
@@ -799,6 +844,9 @@ int main(int argc, char **argv)
     test_regrouped_and_exact_forms(awq_cpu_linear_narrow, "AVX2 tiles, forms");
 #endif
     test_bf16_rounded_w_stays_exact();
+#ifdef HAVE_MXCSR
+    test_float_environment();
+#endif
     test_edges();
     test_products_round_first();
     test_candidates();
