@@ -82,14 +82,14 @@ enum {
     LINEAR_ALIGN = 64,     /* scratch alignment: one cache line */
 };
 
-/* The default chunk: the largest of these that still gives every thread a
- * few items to balance.  A chunk's rows are read as runs of chunk / 2
- * bytes, and longer runs stream better; where qweight lies on 4 KiB pages,
- * each row of each item also costs a TLB miss, as rows are N / 2 bytes
- * apart. */
-#define LINEAR_CHUNK_MAX 2048
+/* The default chunk: LINEAR_ITEMS_PER_THREAD items of equal width per
+ * thread, in whole tiles of the widest kind (LINEAR_CHUNK_MIN columns at
+ * least).  Few wide items: each item reads every row of K, rows are N / 2
+ * bytes apart, and where qweight lies on 4 KiB pages (as much of a NumPy
+ * array does) each row of each item costs a TLB miss.  More than one item
+ * per thread lets a thread whose core is busy with other work take fewer. */
 #define LINEAR_CHUNK_MIN 64
-#define LINEAR_ITEMS_PER_THREAD 4
+#define LINEAR_ITEMS_PER_THREAD 2
 
 /* ---- one call's plan and one thread's scratch ---- */
 
@@ -901,11 +901,11 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
 
 static int64_t default_chunk(int64_t N, int threads)
 {
-    int64_t chunk = LINEAR_CHUNK_MAX;
-    while (chunk > LINEAR_CHUNK_MIN &&
-           (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
-        chunk /= 2;
-    return chunk;
+    const int64_t tile = 8 * LINEAR_LANES_MAX, items = (int64_t)threads * LINEAR_ITEMS_PER_THREAD;
+    int64_t chunk = (N + items - 1) / items;
+    if (chunk <= LINEAR_CHUNK_MIN)
+        return LINEAR_CHUNK_MIN;
+    return (chunk + tile - 1) / tile * tile;
 }
 
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
@@ -1022,7 +1022,7 @@ const char *awq_cpu_linear_simd(void)
 
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
 {
-    static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048};
+    static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
     if (!configs || cap <= 0)
         return 0;
     int n = 0;
