@@ -73,6 +73,9 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define AWQ_X86_DISPATCH 1
 #include <immintrin.h>
+#ifndef AWQ_LINEAR_NO_AVX512 /* the test builds a copy without the AVX-512 tiles */
+#define AWQ_LINEAR_AVX512 1
+#endif
 #endif
 
 enum {
@@ -355,6 +358,53 @@ static inline int pass_nibbles(int mb, int lanes, int rg)
     return mb == 1 ? 4 : 2;
 }
 
+#ifdef AWQ_LINEAR_AVX512
+/* One full AVX-512 tile's zero points and 16-bit scales in tile order (as
+ * expand_avx2 below, with fewer instructions).  The scales are put in
+ * order as 16-bit words, then widened: vector i takes column 8c + ORDER[i]
+ * of words c = 0..15.  permutex2var_epi16 gathers words c = 0..7 (columns
+ * 0..63) of four vectors from the first two registers and words 8..15 from
+ * the last two (tile16_order: vectors 0..3, then 4..7, eight words each),
+ * and permutex2var_epi64 joins each vector's two halves. */
+static const uint16_t tile16_order[2][32] = {
+    {0, 8, 16, 24, 32, 40, 48, 56, 2, 10, 18, 26, 34, 42, 50, 58, /* ORDER 0, 2 */
+     4, 12, 20, 28, 36, 44, 52, 60, 6, 14, 22, 30, 38, 46, 54, 62}, /* ORDER 4, 6 */
+    {1, 9, 17, 25, 33, 41, 49, 57, 3, 11, 19, 27, 35, 43, 51, 59,  /* ORDER 1, 3 */
+     5, 13, 21, 29, 37, 45, 53, 61, 7, 15, 23, 31, 39, 47, 55, 63}, /* ORDER 5, 7 */
+};
+
+__attribute__((target("avx512f,avx512bw,avx2,f16c"))) static void
+expand_tile16(const uint32_t *zw, const uint16_t *sc, float *zero, float *scale, awq_dtype t)
+{
+    enum { P = NIBBLE_POSITIONS };
+    __m512i z0 = _mm512_loadu_si512(zw), z[2] = {z0, _mm512_srli_epi32(z0, 4 * P)};
+    for (int i = 0; i < 8; i++) { /* as the tiles read q: 2^(23 - 4p) + z */
+        __m512i mask = _mm512_set1_epi32(0xF << (4 * (i % P)));
+        __m512i offset = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(i % P)));
+        _mm512_storeu_si512(zero + 16 * i, _mm512_ternarylogic_epi32(z[i / P], mask, offset, 0xEA));
+    }
+    __m512i a = _mm512_loadu_si512(sc), b = _mm512_loadu_si512(sc + 32);
+    __m512i c = _mm512_loadu_si512(sc + 64), d = _mm512_loadu_si512(sc + 96);
+    const __m512i join[2] = {_mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                             _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15)};
+    for (int k = 0; k < 2; k++) {
+        __m512i order = _mm512_loadu_si512(tile16_order[k]);
+        __m512i lo = _mm512_permutex2var_epi16(a, order, b);
+        __m512i hi = _mm512_permutex2var_epi16(c, order, d);
+        for (int r = 0; r < 2; r++) { /* vectors 4k + 2r and 4k + 2r + 1 */
+            __m512i v = _mm512_permutex2var_epi64(lo, join[r], hi);
+            __m256i h[2] = {_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)};
+            for (int e = 0; e < 2; e++) {
+                __m512 f = t == AWQ_F16 ? _mm512_cvtph_ps(h[e])
+                                        : _mm512_castsi512_ps(
+                                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(h[e]), 16));
+                _mm512_storeu_ps(scale + 16 * (4 * k + 2 * r + e), f);
+            }
+        }
+    }
+}
+#endif
+
 /* The group's zero points and scales of columns [n0, n0 + cols) in tile
  * order; the lanes past cols get zero point 0 and scale 0, so that their
  * (zero-padded) words give W = 0 and never a NaN.  Eight words at a time,
@@ -367,8 +417,22 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
     const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
     const int lanes = pl->lanes;
     const uint32_t *zrow = p->qzeros + g * words + n0 / 8;
+    if ((g + 1) * p->G < p->K) { /* the next group's scales and zero points, into L2 */
+        const char *next = (const char *)p->scales + ((g + 1) * N + n0) * awq_dtype_size(p->dtype);
+        for (int64_t b = 0; b < cols * (int64_t)awq_dtype_size(p->dtype); b += 64)
+            _mm_prefetch(next + b, _MM_HINT_T1);
+        for (int64_t b = 0; b < cols / 2; b += 64)
+            _mm_prefetch((const char *)(zrow + words) + b, _MM_HINT_T1);
+    }
     for (int64_t t0 = 0; t0 < cols; t0 += T) {
         float *zero = s->zero + t0, *scale = s->scale + t0;
+#ifdef AWQ_LINEAR_AVX512
+        if (lanes == 16 && t0 + T <= cols && p->dtype != AWQ_F32) {
+            expand_tile16(zrow + t0 / 8, (const uint16_t *)p->scales + g * N + n0 + t0, zero,
+                          scale, p->dtype);
+            continue;
+        }
+#endif
         if (t0 + T > cols) {
             for (int i = 0; i < 8; i++)
                 for (int c = 0; c < lanes; c++) {
@@ -625,8 +689,7 @@ typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64
 
 TILE_FNS(tile8, "avx2,f16c,fma", 8)
 
-#ifndef AWQ_LINEAR_NO_AVX512
-#define AWQ_LINEAR_AVX512 1
+#ifdef AWQ_LINEAR_AVX512
 
 /* The AVX-512 tile: 16 words.  round8 on 16 lanes. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) __m512
@@ -729,11 +792,11 @@ tile16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 
 TILE_FNS(tile16, "avx512f,avx2,f16c", 16)
 
-#endif /* AWQ_LINEAR_NO_AVX512 */
+#endif /* AWQ_LINEAR_AVX512 */
 
-/* Packed words per vector tile on this CPU: 16 where AVX-512F runs, else
- * 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller has
- * checked awq_cpu_use_avx2(). */
+/* Packed words per vector tile on this CPU: 16 where AVX-512F and BW run,
+ * else 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller
+ * has checked awq_cpu_use_avx2(). */
 static int vector_lanes(void)
 {
     static int cached = -1;
@@ -741,7 +804,7 @@ static int vector_lanes(void)
         __builtin_cpu_init();
         cached = !__builtin_cpu_supports("fma") ? 0 : 8;
 #ifdef AWQ_LINEAR_AVX512
-        if (cached && __builtin_cpu_supports("avx512f"))
+        if (cached && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
             cached = 16;
 #endif
     }
