@@ -99,6 +99,8 @@ enum {
 typedef struct {
     const awq_linear_problem *p;
     const float *x;            /* [M, K] float32: x itself, or its exact conversion */
+    const float *xs;           /* [M, K] what the regrouped tiles read: float16, x times
+                                * TINY_X_SCALE ("subnormal" below); else x */
     const unsigned char *xok;  /* [M][K / G]: row m of x allows regrouping in group g */
     int64_t chunk;             /* output columns per item, a multiple of 8 */
     int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
@@ -169,6 +171,16 @@ static inline int scale_regroups(float s, awq_dtype t)
     case AWQ_F32: return a <= REGROUP_S_MAX;
     default: return 0;
     }
+}
+
+/* x times TINY_X_SCALE, exactly (float16 values times 2^64 stay below 2^81),
+ * for the float16 regrouped tiles ("subnormal" below). */
+#define TINY_X_SCALE 0x1p64f
+
+static void scale_x(const float *x, float *xs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        xs[i] = x[i] * TINY_X_SCALE;
 }
 
 /* xok[m][g] for every row and group, once per call. */
@@ -336,9 +348,8 @@ static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
 /* The float16 regrouped tiles' scales ("subnormal" above): x is taken
- * times 2^64, so the sums of nibble position p come out times
- * 2^(64 + 4p - 149) = 2^(4p - 85), which s 2^(85 - 4p) undoes. */
-#define TINY_X_SCALE 0x1p64f
+ * times TINY_X_SCALE = 2^64, so the sums of nibble position p come out
+ * times 2^(64 + 4p - 149) = 2^(4p - 85), which s 2^(85 - 4p) undoes. */
 static inline float tiny_unscale(int p) { return bits_f32((uint32_t)(127 + 85 - 4 * p) << 23); }
 
 /* Nibble positions: a register pass reads nibble i at position p = i % 4
@@ -611,8 +622,7 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = tiny ? _mm256_set1_ps(x[m * K + k] * TINY_X_SCALE)
-                         : _mm256_broadcast_ss(x + m * K + k);
+            xm[m] = _mm256_broadcast_ss(x + m * K + k); /* tiny: x times TINY_X_SCALE */
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
@@ -742,7 +752,7 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
         __m512 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = _mm512_set1_ps(tiny ? x[m * K + k] * TINY_X_SCALE : x[m * K + k]);
+            xm[m] = _mm512_set1_ps(x[m * K + k]);
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
@@ -818,7 +828,7 @@ static int vector_lanes(void)
  * together, else one by one. */
 static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
                      const tile_fn *regroup, const uint32_t *qw, int64_t stride, int64_t nk,
-                     const float *x, int64_t t0, int mode, int mb, unsigned xok)
+                     const float *x, const float *xs, int64_t t0, int mode, int mb, unsigned xok)
 {
     const int64_t K = pl->p->K, width = pl->width;
     const unsigned all = (1u << mb) - 1;
@@ -838,7 +848,7 @@ static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
             exact[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
                             (both ? s->escale : s->scale) + t0, total, width);
         if (mode & MODE_REGROUP)
-            regroup[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
+            regroup[rows - 1](qw, stride, nk, xs + m * K, K, s->zero + t0,
                               (both ? s->rscale : s->scale) + t0, total, width);
         m += rows - 1;
     }
@@ -857,7 +867,7 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
     const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = tiles8;
 #endif
     const tile_fn *exact = tiles[0][p->dtype], *regroup = tiles[1][p->dtype];
-    const float *x = pl->x + m0 * K;
+    const float *x = pl->x + m0 * K, *xs = pl->xs + m0 * K;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
@@ -872,16 +882,16 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
             for (int64_t t0 = 0; t0 < cols; t0 += T) {
                 int mode = s->mode[t0 / T];
                 if (t0 + T <= cols) {
-                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, t0, mode,
-                             mb, xok);
+                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, xs + b0, t0,
+                             mode, mb, xok);
                 } else {
                     /* a partial tile: its words, padded with zeros */
                     int64_t nw = (cols - t0) / 8;
                     for (int64_t k = 0; k < nk; k++)
                         for (int64_t c = 0; c < lanes; c++)
                             s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
-                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, t0, mode, mb,
-                             xok);
+                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, xs + b0, t0,
+                             mode, mb, xok);
                 }
             }
         }
@@ -1014,15 +1024,17 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         threads = 1;
 
     /* Everything is allocated here, before any thread starts: x in float32
-     * (unless it already is), the rows' regrouping flags and one scratch
-     * per thread. */
+     * (unless it already is; twice for float16, scaled for the regrouped
+     * tiles), the rows' regrouping flags and one scratch per thread. */
     size_t per = scratch_bytes(pl.width);
-    if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
+    if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / 2 / (uint64_t)p->K)
         return AWQ_ERR_NOMEM;
     size_t xbytes = 0;
     if (p->dtype != AWQ_F32) {
         xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
         xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+        if (p->dtype == AWQ_F16)
+            xbytes *= 2;
     }
     /* M (K / G) <= M K: no overflow after the check above */
     size_t okbytes = (size_t)p->M * (size_t)(p->K / p->G);
@@ -1037,6 +1049,12 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     } else {
         widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
         pl.x = (const float *)mem;
+    }
+    pl.xs = pl.x;
+    if (p->dtype == AWQ_F16) {
+        float *xs = (float *)(mem + xbytes / 2);
+        scale_x(pl.x, xs, p->M * p->K);
+        pl.xs = xs;
     }
     rows_regroup(&pl, (unsigned char *)(mem + xbytes));
     pl.xok = (const unsigned char *)(mem + xbytes);
