@@ -161,6 +161,7 @@ static scratch scratch_at(char *base, int64_t width)
  * on the problem alone, never on the chunk, the thread or the path. */
 #define REGROUP_X_MAX 0x1p54f
 #define REGROUP_S_MAX 0x1p60f
+enum { MODE_EXACT = 1, MODE_REGROUP = 2 }; /* the forms a vector tile's columns take */
 _Static_assert(LINEAR_KB * 15 < 1024, "a regrouped block's sum must stay below 2^64");
 
 static inline int scale_regroups(float s, awq_dtype t)
@@ -218,23 +219,46 @@ static inline int64_t tile_pos(int64_t col, int lanes)
     return col / T * T + lanes * AWQ_NIBBLE(col % 8) + col % T / 8;
 }
 
-/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias). */
+/* The column (0..7) that a word's nibble i holds: the inverse of AWQ_NIBBLE. */
+#define NIBBLE_COLUMN(i) (2 * ((i) % 4) + (i) / 4)
+_Static_assert(AWQ_NIBBLE(NIBBLE_COLUMN(0)) == 0 && AWQ_NIBBLE(NIBBLE_COLUMN(1)) == 1 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(2)) == 2 && AWQ_NIBBLE(NIBBLE_COLUMN(3)) == 3 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(4)) == 4 && AWQ_NIBBLE(NIBBLE_COLUMN(5)) == 5 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(6)) == 6 && AWQ_NIBBLE(NIBBLE_COLUMN(7)) == 7,
+               "NIBBLE_COLUMN inverts AWQ_NIBBLE");
+
+/* y[row + n] = round(v + bias[n0 + n]). */
+static inline void finish_one(const awq_linear_problem *p, int64_t row, int64_t n0, int64_t n,
+                              float v)
+{
+    if (p->bias)
+        v += load_scale(p->bias, n0 + n, p->dtype);
+    switch (p->dtype) {
+    case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
+    case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
+    default: ((float *)p->y)[row + n] = v; break;
+    }
+}
+
+/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias).  The vector
+ * path's totals are walked in tile order: float lanes i + c of tile t0 is
+ * column t0 + 8c + NIBBLE_COLUMN(i). */
 static void finish(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0, int mb)
 {
     const awq_linear_problem *p = pl->p;
+    const int lanes = pl->lanes;
     for (int m = 0; m < mb; m++) {
         const float *total = s->total + m * pl->width;
         int64_t row = (m0 + m) * p->N + n0;
-        for (int64_t n = 0; n < cols; n++) {
-            float v = total[pl->lanes ? tile_pos(n, pl->lanes) : n];
-            if (p->bias)
-                v += load_scale(p->bias, n0 + n, p->dtype);
-            switch (p->dtype) {
-            case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
-            case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
-            default: ((float *)p->y)[row + n] = v; break;
-            }
+        if (lanes == 0) {
+            for (int64_t n = 0; n < cols; n++)
+                finish_one(p, row, n0, n, total[n]);
+            continue;
         }
+        for (int64_t t0 = 0; t0 < cols; t0 += 8 * lanes)
+            for (int i = 0; i < 8; i++)
+                for (int64_t c = 0, n = t0 + NIBBLE_COLUMN(i); c < lanes && n < cols; c++, n += 8)
+                    finish_one(p, row, n0, n, total[t0 + lanes * i + c]);
     }
 }
 
@@ -371,7 +395,8 @@ static inline int pass_nibbles(int mb, int lanes, int rg)
 
 #ifdef AWQ_LINEAR_AVX512
 /* One full AVX-512 tile's zero points and 16-bit scales in tile order (as
- * expand_avx2 below, with fewer instructions).  The scales are put in
+ * expand_avx2 below, with fewer instructions), and its mode where one form
+ * serves all its columns (classify_avx2 below), else 0.  The scales are put in
  * order as 16-bit words, then widened: vector i takes column 8c + ORDER[i]
  * of words c = 0..15.  permutex2var_epi16 gathers words c = 0..7 (columns
  * 0..63) of four vectors from the first two registers and words 8..15 from
@@ -384,9 +409,10 @@ static const uint16_t tile16_order[2][32] = {
      5, 13, 21, 29, 37, 45, 53, 61, 7, 15, 23, 31, 39, 47, 55, 63}, /* ORDER 5, 7 */
 };
 
-__attribute__((target("avx512f,avx512bw,avx2,f16c"))) static void
+__attribute__((target("avx512f,avx512bw,avx2,f16c"))) static int
 expand_tile16(const uint32_t *zw, const uint16_t *sc, float *zero, float *scale, awq_dtype t)
 {
+    unsigned all = 0xFFFFu, any = 0; /* float16: which columns regroup (scale_regroups) */
     enum { P = NIBBLE_POSITIONS };
     __m512i z0 = _mm512_loadu_si512(zw), z[2] = {z0, _mm512_srli_epi32(z0, 4 * P)};
     for (int i = 0; i < 8; i++) { /* as the tiles read q: 2^(23 - 4p) + z */
@@ -410,9 +436,17 @@ expand_tile16(const uint32_t *zw, const uint16_t *sc, float *zero, float *scale,
                                         : _mm512_castsi512_ps(
                                               _mm512_slli_epi32(_mm512_cvtepu16_epi32(h[e]), 16));
                 _mm512_storeu_ps(scale + 16 * (4 * k + 2 * r + e), f);
+                __m512 a15 = _mm512_mul_ps(_mm512_abs_ps(f), _mm512_set1_ps(15.0f));
+                unsigned ok = _mm512_cmp_ps_mask(a15, _mm512_set1_ps(65504.0f), _CMP_LE_OQ);
+                all &= ok;
+                any |= ok;
             }
         }
     }
+    if (t == AWQ_BF16)
+        return MODE_EXACT;
+    int mode = (all != 0xFFFFu ? MODE_EXACT : 0) | (any != 0 ? MODE_REGROUP : 0);
+    return mode == (MODE_EXACT | MODE_REGROUP) ? 0 : mode; /* 0: classify_avx2 splits it */
 }
 #endif
 
@@ -437,10 +471,12 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
     }
     for (int64_t t0 = 0; t0 < cols; t0 += T) {
         float *zero = s->zero + t0, *scale = s->scale + t0;
+        s->mode[t0 / T] = 0; /* classify_avx2 decides */
 #ifdef AWQ_LINEAR_AVX512
         if (lanes == 16 && t0 + T <= cols && p->dtype != AWQ_F32) {
-            expand_tile16(zrow + t0 / 8, (const uint16_t *)p->scales + g * N + n0 + t0, zero,
-                          scale, p->dtype);
+            const uint16_t *sc = (const uint16_t *)p->scales + g * N + n0 + t0;
+            s->mode[t0 / T] =
+                (unsigned char)expand_tile16(zrow + t0 / 8, sc, zero, scale, p->dtype);
             continue;
         }
 #endif
@@ -517,8 +553,6 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
  * form's columns add +0 (x is finite in a regrouped row) to totals that
  * are never -0, which changes no bit.  The padding past cols (scale 0)
  * counts as regrouped. */
-enum { MODE_EXACT = 1, MODE_REGROUP = 2 };
-
 static inline __attribute__((always_inline, target("avx2,f16c"))) __m256
 regroups8(__m256 sc, const awq_dtype t)
 {
@@ -535,6 +569,8 @@ __attribute__((target("avx2,f16c"))) static void classify_avx2(const plan *pl, c
     const int64_t T = 8 * pl->lanes;
     const awq_dtype t = pl->p->dtype;
     for (int64_t t0 = 0; t0 < cols; t0 += T) {
+        if (s->mode[t0 / T] != 0) /* decided by expand_tile16 */
+            continue;
         if (t == AWQ_BF16) {
             s->mode[t0 / T] = MODE_EXACT;
             continue;
