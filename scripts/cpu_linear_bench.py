@@ -16,7 +16,14 @@ when the installed package has it; otherwise (or with --harness) through
 the C harness `tests/c/test_linear_cpu.c --bench`, built here with make
 (-O3, no sanitizer), which times the default layer only.  The figures are
 for this machine's cores: OMP_NUM_THREADS limits the kernel's threads and
-NumPy's BLAS alike."""
+NumPy's BLAS alike.
+
+linear() runs the configuration (threads, columns per work item) that the
+autotune cache holds for the layer, tuning it on the first call where it
+holds none; the script prints the one it ran.  A pick tuned while other
+work kept the cores busy can be slower than the defaults: --untuned runs
+the defaults (AWQ_FAST_DEQUANT_AUTOTUNE=0), `awq-fast-dequant cache clear`
+lets the next run tune again."""
 
 import argparse
 import os
@@ -72,6 +79,23 @@ def fused_s_python(awq, M, K, N, G, dtype, reps):
     return best_s(lambda: awq.linear(x, qweight, qzeros, scales, path="fused"), reps)
 
 
+def picked_config(awq, M, K, N, G, dtype):
+    """The autotune cache's entry linear() ran for this layer, as text."""
+    if os.environ.get("AWQ_FAST_DEQUANT_AUTOTUNE", "").lower() in ("0", "false", "off"):
+        return "the defaults (AWQ_FAST_DEQUANT_AUTOTUNE=0)"
+    bucket = 1 << max(0, (M - 1).bit_length())
+    suffix = f" {awq.build_info()['cpu_max_threads']}t"
+    for e in awq.cache_entries():
+        if (e["op"], e["K"], e["N"], e["G"], e["M"], e["scales_dtype"]) == \
+                ("linear", K, N, G, bucket, dtype) and e["device"].startswith("cpu") \
+                and e["device"].endswith(suffix):
+            if e["kernel"] != "cpu":
+                return f"the defaults (the cache holds kernel {e['kernel']!r} for auto)"
+            return (f"threads={e['threads'] or 'all'} chunk={e['chunk'] or 'default'} "
+                    f"(autotune cache, gen {e['gen']})")
+    return "unknown (no autotune cache entry)"
+
+
 def fused_s_harness(reps, echo):
     exe = os.path.join(ROOT, "build", "test_linear_cpu_bench")
     r = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "tests", "c"),
@@ -104,7 +128,12 @@ def main():
     ap.add_argument("--harness", action="store_true",
                     help="time the fused linear through the C harness even when "
                          "awq_fast_dequant.linear exists")
+    ap.add_argument("--untuned", action="store_true",
+                    help="run linear() with its default configuration, not the autotune "
+                         "cache's pick (sets AWQ_FAST_DEQUANT_AUTOTUNE=0)")
     args = ap.parse_args()
+    if args.untuned:
+        os.environ["AWQ_FAST_DEQUANT_AUTOTUNE"] = "0"  # read when the package first tunes
     M, K, N, G = args.M, args.K, args.N, args.G
     if N % 8 or K % G:
         ap.error("N must be a multiple of 8 and G must divide K")
@@ -140,6 +169,8 @@ def main():
     rate = packed / fused
     print(f"fused linear, through {how}: {fused * 1e3:.3f} ms, "
           f"{rate / 1e9:.2f} GB/s of packed weights+zeros+scales ({packed / 1e6:.1f} MB)")
+    if awq is not None:
+        print(f"  configuration: {picked_config(awq, M, K, N, G, args.dtype)}")
     print(f"np.copyto of {256} MiB: {copy / 1e9:.2f} GB/s")
     print(f"numpy.matmul(x_f32, W_f32): {mm * 1e3:.3f} ms")
     print(f"packed rate / copyto rate: {rate / copy:.2f}  (target >= 0.5)")

@@ -4,27 +4,54 @@
  *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
  *
  * W[k, n] is dequantize's value in x's dtype, widened to float32:
- * round_to_dtype( float32(q - z) * float32(scale) ).  It is computed from
- * the packed words in registers and never stored, so a NaN or Inf scale
- * reaches y exactly as it would through dequantize and a matmul.
+ * round_to_dtype( float32(q - z) * float32(s) ), s the scale of k's group
+ * g.  It is computed from the packed words in registers and never stored.
  *
  * The order of the sums is fixed by the problem alone.  K is cut into
  * blocks: each group into runs of LINEAR_KB rows (the last one shorter).
- * The products of a block are added in row order to a partial sum that
- * starts at +0; the partials are added in block order to a total that
- * starts at +0; the bias is added to the total; one rounding.  Every
- * product is rounded to float32 before it is added, in the vector paths
- * and the scalar path alike (see "fused" below for the one form that
- * differs without changing a bit), so all of them give the same bits for
- * every chunk size and thread count.  Blocking the sum also keeps its
- * error near (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
+ * Each block adds its terms in row order to a partial sum that starts at
+ * +0; the partials are added in block order to a total that starts at +0;
+ * the bias is added to the total; one rounding.  A block's contribution
+ * to y[m, n] takes one of two forms:
+ *
+ *   exact       partial = sum_k x[m, k] * W[k, n],      total += partial
+ *   regrouped   partial = sum_k (q - z) * x[m, k],      total += s * partial
+ *
+ * DESIGN.md allows the regrouping (s times a group's sum of (q - z) x)
+ * because it stays inside the tolerance 2^-9 (|x| @ |W|) + 1 ulp: it
+ * leaves out W's rounding to the dtype, at most 2^-11 of |W| in float16
+ * (an 11-bit significand; a W in float16's subnormal range is exact, every
+ * float16 being a multiple of 2^-24) and 2^-24 in float32, and adds one
+ * float32 rounding per block.  Its terms (q - z) x are exact in float32
+ * for float16 x, and rounded once for float32, as x W is.  It saves the
+ * product with s and the rounding of W to the dtype in every term: half
+ * the vector operations per weight for float16.
+ *
+ * The exact form stays where the regrouped one would differ in kind
+ * ("where the sum is regrouped" below): a (group, column) whose scale is
+ * NaN, Inf or so large that some W overflows the dtype, so that NaN and
+ * Inf reach y exactly as through dequantize and a matmul; a (row, group)
+ * of x holding a NaN, an Inf or a value beyond 2^54, where the regrouped
+ * sums could overflow where x W would not; and all of bfloat16, whose W
+ * rounds by up to 2^-8 of |W|, more than the tolerance's 2^-9.  Both
+ * forms meet in one sum only as block contributions to a total, and which
+ * one a block takes depends on the problem alone.
+ *
+ * Every term of a partial is rounded to float32 before it is added, in
+ * the vector paths and the scalar path alike (see "fused" and "subnormal"
+ * below for the forms that differ without changing a bit), so all of them
+ * give the same bits for every chunk size and thread count, in the default
+ * floating-point environment that each thread sets for the call
+ * (fp_enter).  Blocking the sum also keeps its error near (LINEAR_KB + K /
+ * LINEAR_KB) float32 roundings instead of K.
  *
  * Work: the output columns are cut into chunks (c->chunk columns) and the
  * rows of x into blocks of up to LINEAR_MB rows; one work item is one
  * (chunk, row block) and sweeps all of K, so each thread owns its output
  * elements and no sum is ever split between threads.  Inside an item:
  *   for each group:  expand the group's zero points and scales for the
- *                    chunk once, as float32
+ *                    chunk once, as float32, and note which columns
+ *                    regroup
  *     for each block of rows k:
  *       for each tile of 64 or 128 columns (8 or 16 packed words per row):
  *         sum the block into registers, then add it to the chunk's totals
@@ -46,6 +73,9 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define AWQ_X86_DISPATCH 1
 #include <immintrin.h>
+#ifndef AWQ_LINEAR_NO_AVX512 /* the test builds a copy without the AVX-512 tiles */
+#define AWQ_LINEAR_AVX512 1
+#endif
 #endif
 
 enum {
@@ -55,39 +85,49 @@ enum {
     LINEAR_ALIGN = 64,     /* scratch alignment: one cache line */
 };
 
-/* The default chunk: the largest of these that still gives every thread a
- * few items to balance (a chunk's rows are read as runs of chunk / 2
- * bytes, and longer runs stream better). */
-#define LINEAR_CHUNK_MAX 512
+/* The default chunk: LINEAR_ITEMS_PER_THREAD items of equal width per
+ * thread, in whole tiles of the widest kind (LINEAR_CHUNK_MIN columns at
+ * least).  Few wide items: each item reads every row of K, rows are N / 2
+ * bytes apart, and where qweight lies on 4 KiB pages (as much of a NumPy
+ * array does) each row of each item costs a TLB miss.  More than one item
+ * per thread lets a thread whose core is busy with other work take fewer. */
 #define LINEAR_CHUNK_MIN 64
-#define LINEAR_ITEMS_PER_THREAD 4
+#define LINEAR_ITEMS_PER_THREAD 2
 
 /* ---- one call's plan and one thread's scratch ---- */
 
 typedef struct {
     const awq_linear_problem *p;
-    const float *x;   /* [M, K] float32: x itself, or its exact conversion */
-    int64_t chunk;    /* output columns per item, a multiple of 8 */
-    int64_t width;    /* scratch columns: chunk rounded up to the widest tile */
-    int64_t chunks;   /* items along N */
-    int64_t blocks;   /* items along M */
-    int lanes;        /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
+    const float *x;            /* [M, K] float32: x itself, or its exact conversion */
+    const float *xs;           /* [M, K] what the regrouped tiles read: float16, x times
+                                * TINY_X_SCALE ("subnormal" below); else x */
+    const unsigned char *xok;  /* [M][K / G]: row m of x allows regrouping in group g */
+    int64_t chunk;             /* output columns per item, a multiple of 8 */
+    int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
+    int64_t chunks;            /* items along N */
+    int64_t blocks;            /* items along M */
+    int lanes; /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
 } plan;
 
 typedef struct {
     float *zero;    /* [width] the group's zero points (vector path: offset, see below) */
     float *scale;   /* [width] the group's scales */
+    float *escale;  /* [width] vector path, tiles of both forms: the scales of the exact
+                     * columns, 0 elsewhere */
+    float *rscale;  /* [width] the same for the regrouped columns */
     float *total;   /* [LINEAR_MB][width] the sums so far */
     float *part;    /* [LINEAR_MB][width] scalar path: the current block's sums */
     uint32_t *tail; /* [LINEAR_KB][lanes] vector path: a partial tile's words, zero-padded */
+    unsigned char *mode; /* [width] scalar path: column n regroups (1) or not (0); vector
+                          * path: entry i, tile i's MODE_EXACT | MODE_REGROUP */
 } scratch;
 
-static size_t scratch_floats(int64_t width) { return (size_t)width * (2 + 2 * LINEAR_MB); }
+static size_t scratch_floats(int64_t width) { return (size_t)width * (4 + 2 * LINEAR_MB); }
 
 static size_t scratch_bytes(int64_t width)
 {
     size_t b = scratch_floats(width) * sizeof(float) +
-               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t);
+               LINEAR_KB * LINEAR_LANES_MAX * sizeof(uint32_t) + (size_t)width;
     return (b + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
 }
 
@@ -97,10 +137,67 @@ static scratch scratch_at(char *base, int64_t width)
     scratch s;
     s.zero = f;
     s.scale = f + width;
-    s.total = f + 2 * width;
-    s.part = f + (2 + LINEAR_MB) * width;
+    s.escale = f + 2 * width;
+    s.rscale = f + 3 * width;
+    s.total = f + 4 * width;
+    s.part = f + (4 + LINEAR_MB) * width;
     s.tail = (uint32_t *)(f + scratch_floats(width));
+    s.mode = (unsigned char *)(s.tail + LINEAR_KB * LINEAR_LANES_MAX);
     return s;
+}
+
+/* ---- where the sum is regrouped ----
+ *
+ * A regrouped (group, column) needs a finite scale small enough that no W
+ * overflows: float16, 15 |s| <= 65504 (15 |s| is exact in float32);
+ * float32, |s| <= 2^60.  A regrouped (row, group) needs every |x| <= 2^54
+ * (which every finite float16 is): then a block's sum of (q - z) x stays
+ * below LINEAR_KB * 15 * 2^54 < 2^64 and s times it below 2^124, so nothing
+ * overflows where the exact form would not, and NaN and Inf in x or in
+ * the scales always take the exact form.  bfloat16 never regroups: its W
+ * rounds by up to 2^-8 of |W| (float16's by at most 2^-11, float32's by
+ * 2^-24), which a regrouped sum would carry into y beyond the tolerance's
+ * 2^-9 (tests/c/test_linear_cpu.c builds such a sum).  Both tests depend
+ * on the problem alone, never on the chunk, the thread or the path. */
+#define REGROUP_X_MAX 0x1p54f
+#define REGROUP_S_MAX 0x1p60f
+enum { MODE_EXACT = 1, MODE_REGROUP = 2 }; /* the forms a vector tile's columns take */
+_Static_assert(LINEAR_KB * 15 < 1024, "a regrouped block's sum must stay below 2^64");
+
+static inline int scale_regroups(float s, awq_dtype t)
+{
+    float a = bits_f32(f32_bits(s) & 0x7FFFFFFFu);
+    switch (t) {
+    case AWQ_F16: return a * 15.0f <= 65504.0f;
+    case AWQ_F32: return a <= REGROUP_S_MAX;
+    default: return 0;
+    }
+}
+
+/* x times TINY_X_SCALE, exactly (float16 values times 2^64 stay below 2^81),
+ * for the float16 regrouped tiles ("subnormal" below). */
+#define TINY_X_SCALE 0x1p64f
+
+static void scale_x(const float *x, float *xs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        xs[i] = x[i] * TINY_X_SCALE;
+}
+
+/* xok[m][g] for every row and group, once per call. */
+static void rows_regroup(const plan *pl, unsigned char *xok)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t G = p->G, groups = p->K / G;
+    const uint32_t max = f32_bits(REGROUP_X_MAX); /* |x| as bits: NaN and Inf compare above */
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *x = pl->x + m * p->K + g * G;
+            uint32_t big = 0;
+            for (int64_t k = 0; k < G; k++)
+                big |= (f32_bits(x[k]) & 0x7FFFFFFFu) > max;
+            xok[m * groups + g] = !big;
+        }
 }
 
 /* W's value in the dtype, widened back to float32. */
@@ -122,23 +219,46 @@ static inline int64_t tile_pos(int64_t col, int lanes)
     return col / T * T + lanes * AWQ_NIBBLE(col % 8) + col % T / 8;
 }
 
-/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias). */
+/* The column (0..7) that a word's nibble i holds: the inverse of AWQ_NIBBLE. */
+#define NIBBLE_COLUMN(i) (2 * ((i) % 4) + (i) / 4)
+_Static_assert(AWQ_NIBBLE(NIBBLE_COLUMN(0)) == 0 && AWQ_NIBBLE(NIBBLE_COLUMN(1)) == 1 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(2)) == 2 && AWQ_NIBBLE(NIBBLE_COLUMN(3)) == 3 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(4)) == 4 && AWQ_NIBBLE(NIBBLE_COLUMN(5)) == 5 &&
+                   AWQ_NIBBLE(NIBBLE_COLUMN(6)) == 6 && AWQ_NIBBLE(NIBBLE_COLUMN(7)) == 7,
+               "NIBBLE_COLUMN inverts AWQ_NIBBLE");
+
+/* y[row + n] = round(v + bias[n0 + n]). */
+static inline void finish_one(const awq_linear_problem *p, int64_t row, int64_t n0, int64_t n,
+                              float v)
+{
+    if (p->bias)
+        v += load_scale(p->bias, n0 + n, p->dtype);
+    switch (p->dtype) {
+    case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
+    case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
+    default: ((float *)p->y)[row + n] = v; break;
+    }
+}
+
+/* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias).  The vector
+ * path's totals are walked in tile order: float lanes i + c of tile t0 is
+ * column t0 + 8c + NIBBLE_COLUMN(i). */
 static void finish(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0, int mb)
 {
     const awq_linear_problem *p = pl->p;
+    const int lanes = pl->lanes;
     for (int m = 0; m < mb; m++) {
         const float *total = s->total + m * pl->width;
         int64_t row = (m0 + m) * p->N + n0;
-        for (int64_t n = 0; n < cols; n++) {
-            float v = total[pl->lanes ? tile_pos(n, pl->lanes) : n];
-            if (p->bias)
-                v += load_scale(p->bias, n0 + n, p->dtype);
-            switch (p->dtype) {
-            case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
-            case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
-            default: ((float *)p->y)[row + n] = v; break;
-            }
+        if (lanes == 0) {
+            for (int64_t n = 0; n < cols; n++)
+                finish_one(p, row, n0, n, total[n]);
+            continue;
         }
+        for (int64_t t0 = 0; t0 < cols; t0 += 8 * lanes)
+            for (int i = 0; i < 8; i++)
+                for (int64_t c = 0, n = t0 + NIBBLE_COLUMN(i); c < lanes && n < cols; c++, n += 8)
+                    finish_one(p, row, n0, n, total[t0 + lanes * i + c]);
     }
 }
 
@@ -148,14 +268,18 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
                         int mb)
 {
     const awq_linear_problem *p = pl->p;
-    const int64_t K = p->K, N = p->N, G = p->G, words = N / 8, w0 = n0 / 8;
+    const int64_t K = p->K, N = p->N, G = p->G, groups = K / G, words = N / 8, w0 = n0 / 8;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
-    for (int64_t g = 0; g < K / G; g++) {
+    for (int64_t g = 0; g < groups; g++) {
         const uint32_t *zrow = p->qzeros + g * words + w0;
+        int xok[LINEAR_MB];
+        for (int m = 0; m < mb; m++)
+            xok[m] = pl->xok[(m0 + m) * groups + g];
         for (int64_t n = 0; n < cols; n++) {
             s->zero[n] = (float)((zrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
             s->scale[n] = load_scale(p->scales, g * N + n0 + n, p->dtype);
+            s->mode[n] = (unsigned char)scale_regroups(s->scale[n], p->dtype);
         }
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t b1 = b0 + LINEAR_KB < (g + 1) * G ? b0 + LINEAR_KB : (g + 1) * G;
@@ -166,13 +290,20 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
                 for (int64_t n = 0; n < cols; n++) {
                     float q = (float)((qrow[n / 8] >> (4 * AWQ_NIBBLE(n % 8))) & 0xFu);
                     /* q - z is exact in float32, as the integer difference is */
-                    float w = round_to((q - s->zero[n]) * s->scale[n], p->dtype);
+                    float d = q - s->zero[n];
+                    float w = round_to(d * s->scale[n], p->dtype);
                     for (int m = 0; m < mb; m++)
-                        s->part[m * pl->width + n] += pl->x[(m0 + m) * K + k] * w;
+                        s->part[m * pl->width + n] +=
+                            pl->x[(m0 + m) * K + k] * (xok[m] && s->mode[n] ? d : w);
                 }
             }
-            for (int64_t i = 0; i < mb * pl->width; i++)
-                s->total[i] += s->part[i];
+            for (int m = 0; m < mb; m++)
+                for (int64_t n = 0; n < cols; n++) {
+                    float v = s->part[m * pl->width + n];
+                    if (xok[m] && s->mode[n])
+                        v = s->scale[n] * v;
+                    s->total[m * pl->width + n] += v;
+                }
         }
     }
     finish(pl, s, n0, cols, m0, mb);
@@ -196,9 +327,9 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * is the float 2^(23 - 4p) + q exactly (the nibble lands in the mantissa
  * at weight 1).  The scratch holds 2^(23 - 4p) + z, so one subtraction
  * gives q - z, exactly (both are integers below 2^24).  A register pass
- * handles np consecutive nibbles i0 .. i0 + np - 1 (np <= 4) of the word
- * shifted right by 4 i0, so nibble i sits at position p = i % np, and the
- * pass needs only np masks and np offsets, kept in registers.
+ * handles np consecutive nibbles i0 .. i0 + np - 1 of the word, each at
+ * position p = i % 4 of the word shifted right by 4 (i - p), so that the
+ * pass needs at most 4 masks and 4 offsets, kept in registers.
  *
  * Both widths run the same float32 operations in the same order as the
  * scalar path (AVX-512 only does twice the columns per instruction, and
@@ -210,53 +341,170 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * scalar path's separate multiply) changes nothing: the fused and the
  * separate forms give the same bits, Inf and NaN included.  For bfloat16
  * (whose products can leave float32's range) and float32 the multiply and
- * the addition stay separate. */
+ * the addition stay separate.
+ *
+ * "Subnormal": float16 regrouped tiles find q - z among float32's
+ * subnormals (`tiny` in the code).  Nibble i, masked in place at bit 4p
+ * and read as float32 bits, is the subnormal q 2^(4p - 149) exactly, with
+ * no offset; the zero point's bits without the exponent (zero & 0x7FFFFF)
+ * are z 2^(4p - 149), so one subtraction gives (q - z) 2^(4p - 149)
+ * exactly, and the AND, unlike the ternary logic, leaves the word for the
+ * next nibble without a copy.  x is taken times 2^64 (exact): each
+ * product x 2^64 (q - z) 2^(4p - 149) is then a normal float32, at least
+ * 2^(-24 + 64 - 149) = 2^-109, exact as (q - z) x is (15 significant bits
+ * at most), and each partial sum is the scalar path's times 2^(4p - 85),
+ * exactly: those sums are multiples of 2^-24 (float16 x is) below 2^26,
+ * so 0 or normal at either scale, where a power of two commutes with
+ * rounding.  The block's partial is then multiplied by s 2^(85 - 4p)
+ * (exact) instead of s: the same real product, the same rounding.  This
+ * needs subnormals read and written as they are, which fp_enter ensures. */
 
 #ifdef AWQ_X86_DISPATCH
+
+/* Whether x * e + acc may be one fused multiply-add: where the product is
+ * exact in float32, rounding it first changes nothing.  That is float16
+ * alone: x times W (see "fused" above) or times q - z (5 bits).  A
+ * float32 x times anything is rounded, so it stays a separate multiply,
+ * and a bfloat16 x times W may leave float32's range. */
+static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
 
+/* The float16 regrouped tiles' scales ("subnormal" above): x is taken
+ * times TINY_X_SCALE = 2^64, so the sums of nibble position p come out
+ * times 2^(64 + 4p - 149) = 2^(4p - 85), which s 2^(85 - 4p) undoes. */
+static inline float tiny_unscale(int p) { return bits_f32((uint32_t)(127 + 85 - 4 * p) << 23); }
+
+/* Nibble positions: a register pass reads nibble i at position p = i % 4
+ * of the word shifted right by 4 (i - p), in both tile widths and for any
+ * rows of x, so that one expansion of the zero points serves a row block
+ * and each of its rows. */
+enum { NIBBLE_POSITIONS = 4 };
+
 /* Nibbles per register pass for mb rows of x: the mb x np accumulators,
- * the 2 np constants of the nibble positions, the word and x's broadcasts
- * fit in the 16 vector registers of AVX2, or the 32 of AVX-512. */
-static inline int pass_nibbles(int mb, int lanes) { return mb == 1 || lanes == 16 ? 4 : 2; }
+ * the masks and offsets of the positions, the words, x's broadcasts and
+ * (exact form) the zero points and scales fit in the 16 vector registers
+ * of AVX2, or the 32 of AVX-512, or nearly. */
+static inline int pass_nibbles(int mb, int lanes, int rg)
+{
+    if (lanes == 16)
+        return rg && mb == 1 ? 8 : 4;
+    return mb == 1 ? 4 : 2;
+}
+
+#ifdef AWQ_LINEAR_AVX512
+/* One full AVX-512 tile's zero points and 16-bit scales in tile order (as
+ * expand_avx2 below, with fewer instructions), and its mode where one form
+ * serves all its columns (classify_avx2 below), else 0.  The scales are put in
+ * order as 16-bit words, then widened: vector i takes column 8c + ORDER[i]
+ * of words c = 0..15.  permutex2var_epi16 gathers words c = 0..7 (columns
+ * 0..63) of four vectors from the first two registers and words 8..15 from
+ * the last two (tile16_order: vectors 0..3, then 4..7, eight words each),
+ * and permutex2var_epi64 joins each vector's two halves. */
+static const uint16_t tile16_order[2][32] = {
+    {0, 8, 16, 24, 32, 40, 48, 56, 2, 10, 18, 26, 34, 42, 50, 58, /* ORDER 0, 2 */
+     4, 12, 20, 28, 36, 44, 52, 60, 6, 14, 22, 30, 38, 46, 54, 62}, /* ORDER 4, 6 */
+    {1, 9, 17, 25, 33, 41, 49, 57, 3, 11, 19, 27, 35, 43, 51, 59,  /* ORDER 1, 3 */
+     5, 13, 21, 29, 37, 45, 53, 61, 7, 15, 23, 31, 39, 47, 55, 63}, /* ORDER 5, 7 */
+};
+
+__attribute__((target("avx512f,avx512bw,avx2,f16c"))) static int
+expand_tile16(const uint32_t *zw, const uint16_t *sc, float *zero, float *scale, awq_dtype t)
+{
+    unsigned all = 0xFFFFu, any = 0; /* float16: which columns regroup (scale_regroups) */
+    enum { P = NIBBLE_POSITIONS };
+    __m512i z0 = _mm512_loadu_si512(zw), z[2] = {z0, _mm512_srli_epi32(z0, 4 * P)};
+    for (int i = 0; i < 8; i++) { /* as the tiles read q: 2^(23 - 4p) + z */
+        __m512i mask = _mm512_set1_epi32(0xF << (4 * (i % P)));
+        __m512i offset = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(i % P)));
+        _mm512_storeu_si512(zero + 16 * i, _mm512_ternarylogic_epi32(z[i / P], mask, offset, 0xEA));
+    }
+    __m512i a = _mm512_loadu_si512(sc), b = _mm512_loadu_si512(sc + 32);
+    __m512i c = _mm512_loadu_si512(sc + 64), d = _mm512_loadu_si512(sc + 96);
+    const __m512i join[2] = {_mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                             _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15)};
+    for (int k = 0; k < 2; k++) {
+        __m512i order = _mm512_loadu_si512(tile16_order[k]);
+        __m512i lo = _mm512_permutex2var_epi16(a, order, b);
+        __m512i hi = _mm512_permutex2var_epi16(c, order, d);
+        for (int r = 0; r < 2; r++) { /* vectors 4k + 2r and 4k + 2r + 1 */
+            __m512i v = _mm512_permutex2var_epi64(lo, join[r], hi);
+            __m256i h[2] = {_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)};
+            for (int e = 0; e < 2; e++) {
+                __m512 f = t == AWQ_F16 ? _mm512_cvtph_ps(h[e])
+                                        : _mm512_castsi512_ps(
+                                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(h[e]), 16));
+                _mm512_storeu_ps(scale + 16 * (4 * k + 2 * r + e), f);
+                __m512 a15 = _mm512_mul_ps(_mm512_abs_ps(f), _mm512_set1_ps(15.0f));
+                unsigned ok = _mm512_cmp_ps_mask(a15, _mm512_set1_ps(65504.0f), _CMP_LE_OQ);
+                all &= ok;
+                any |= ok;
+            }
+        }
+    }
+    if (t == AWQ_BF16)
+        return MODE_EXACT;
+    int mode = (all != 0xFFFFu ? MODE_EXACT : 0) | (any != 0 ? MODE_REGROUP : 0);
+    return mode == (MODE_EXACT | MODE_REGROUP) ? 0 : mode; /* 0: classify_avx2 splits it */
+}
+#endif
 
 /* The group's zero points and scales of columns [n0, n0 + cols) in tile
  * order; the lanes past cols get zero point 0 and scale 0, so that their
  * (zero-padded) words give W = 0 and never a NaN.  Eight words at a time,
  * so the same code serves both tile widths. */
 __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, const scratch *s,
-                                                             int64_t g, int64_t n0, int64_t cols,
-                                                             int np)
+                                                             int64_t g, int64_t n0, int64_t cols)
 {
+    enum { P = NIBBLE_POSITIONS };
     const awq_linear_problem *p = pl->p;
     const int64_t N = p->N, words = N / 8, T = 8 * pl->lanes;
     const int lanes = pl->lanes;
     const uint32_t *zrow = p->qzeros + g * words + n0 / 8;
+    if ((g + 1) * p->G < p->K) { /* the next group's scales and zero points, into L2 */
+        const char *next = (const char *)p->scales + ((g + 1) * N + n0) * awq_dtype_size(p->dtype);
+        for (int64_t b = 0; b < cols * (int64_t)awq_dtype_size(p->dtype); b += 64)
+            _mm_prefetch(next + b, _MM_HINT_T1);
+        for (int64_t b = 0; b < cols / 2; b += 64)
+            _mm_prefetch((const char *)(zrow + words) + b, _MM_HINT_T1);
+    }
     for (int64_t t0 = 0; t0 < cols; t0 += T) {
         float *zero = s->zero + t0, *scale = s->scale + t0;
+        s->mode[t0 / T] = 0; /* classify_avx2 decides */
+#ifdef AWQ_LINEAR_AVX512
+        if (lanes == 16 && t0 + T <= cols && p->dtype != AWQ_F32) {
+            const uint16_t *sc = (const uint16_t *)p->scales + g * N + n0 + t0;
+            s->mode[t0 / T] =
+                (unsigned char)expand_tile16(zrow + t0 / 8, sc, zero, scale, p->dtype);
+            continue;
+        }
+#endif
         if (t0 + T > cols) {
             for (int i = 0; i < 8; i++)
                 for (int c = 0; c < lanes; c++) {
-                    zero[lanes * i + c] = nibble_offset(i % np);
+                    zero[lanes * i + c] = nibble_offset(i % P);
                     scale[lanes * i + c] = 0.0f;
                 }
             for (int64_t col = t0; col < cols; col++) {
                 int64_t at = tile_pos(col, lanes) - t0;
                 int i = AWQ_NIBBLE(col % 8);
-                zero[at] = nibble_offset(i % np) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
+                zero[at] = nibble_offset(i % P) + (float)((zrow[col / 8] >> (4 * i)) & 0xFu);
                 scale[at] = load_scale(p->scales, g * N + n0 + col, p->dtype);
             }
             continue;
         }
         for (int h = 0; h < lanes; h += 8) { /* words t0/8 + h .. + 7 */
-            /* zero points: nibble i of the 8 words is vector i already */
+            /* zero points: nibble i of the 8 words is vector i already,
+             * and the tiles' trick makes it the float 2^(23 - 4p) + z */
             __m256i zw = _mm256_loadu_si256((const __m256i *)(zrow + t0 / 8 + h));
             for (int i = 0; i < 8; i++) {
-                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * i), _mm256_set1_epi32(0xF));
-                __m256 offset = _mm256_set1_ps(nibble_offset(i % np));
-                _mm256_storeu_ps(zero + lanes * i + h, _mm256_add_ps(_mm256_cvtepi32_ps(z), offset));
+                const int pos = i % P;
+                __m256i z = _mm256_and_si256(_mm256_srli_epi32(zw, 4 * (i - pos)),
+                                             _mm256_set1_epi32(0xF << (4 * pos)));
+                __m256 offset = _mm256_set1_ps(nibble_offset(pos));
+                _mm256_storeu_ps(zero + lanes * i + h,
+                                 _mm256_or_ps(_mm256_castsi256_ps(z), offset));
             }
             /* scales: 8 rows (words) of 8 columns, transposed so that
              * column j of every word lands in vector AWQ_NIBBLE(j) */
@@ -297,6 +545,54 @@ __attribute__((target("avx2,f16c"))) static void expand_avx2(const plan *pl, con
     }
 }
 
+/* The tiles' modes: whether their columns take the exact form, the
+ * regrouped one, or both (scale_regroups, eight columns at a time, the same
+ * test to the bit).  A tile with both runs both forms, each on its own
+ * copy of the scales: escale keeps the exact columns' scales and rscale
+ * the regrouped columns', 0 elsewhere, so that in each form the other
+ * form's columns add +0 (x is finite in a regrouped row) to totals that
+ * are never -0, which changes no bit.  The padding past cols (scale 0)
+ * counts as regrouped. */
+static inline __attribute__((always_inline, target("avx2,f16c"))) __m256
+regroups8(__m256 sc, const awq_dtype t)
+{
+    __m256 a = _mm256_and_ps(sc, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+    if (t == AWQ_F16)
+        return _mm256_cmp_ps(_mm256_mul_ps(a, _mm256_set1_ps(15.0f)), _mm256_set1_ps(65504.0f),
+                             _CMP_LE_OQ);
+    return _mm256_cmp_ps(a, _mm256_set1_ps(REGROUP_S_MAX), _CMP_LE_OQ);
+}
+
+__attribute__((target("avx2,f16c"))) static void classify_avx2(const plan *pl, const scratch *s,
+                                                               int64_t cols)
+{
+    const int64_t T = 8 * pl->lanes;
+    const awq_dtype t = pl->p->dtype;
+    for (int64_t t0 = 0; t0 < cols; t0 += T) {
+        if (s->mode[t0 / T] != 0) /* decided by expand_tile16 */
+            continue;
+        if (t == AWQ_BF16) {
+            s->mode[t0 / T] = MODE_EXACT;
+            continue;
+        }
+        int all = 0xFF, any = 0;
+        for (int64_t i = t0; i < t0 + T; i += 8) {
+            int bits = _mm256_movemask_ps(regroups8(_mm256_loadu_ps(s->scale + i), t));
+            all &= bits;
+            any |= bits;
+        }
+        int mode = (all != 0xFF ? MODE_EXACT : 0) | (any != 0 ? MODE_REGROUP : 0);
+        s->mode[t0 / T] = (unsigned char)mode;
+        if (mode != (MODE_EXACT | MODE_REGROUP))
+            continue;
+        for (int64_t i = t0; i < t0 + T; i += 8) {
+            __m256 sc = _mm256_loadu_ps(s->scale + i), ok = regroups8(sc, t);
+            _mm256_storeu_ps(s->escale + i, _mm256_andnot_ps(ok, sc));
+            _mm256_storeu_ps(s->rscale + i, _mm256_and_ps(ok, sc));
+        }
+    }
+}
+
 /* W rounded to the dtype and widened back, 8 lanes.  bfloat16: round to
  * nearest even at bit 16.  A NaN here is always a bfloat16 NaN (the
  * scale's, or the default NaN of Inf * 0), whose low 16 bits are zero: the
@@ -316,21 +612,24 @@ round8(__m256 e, const awq_dtype t)
 }
 
 /* One register pass: nibbles [i0, i0 + np) of one tile, rows k of one
- * block (nk of them, `stride` words apart), mb rows of x.  The word is
- * shifted right by 4 i0 so that nibble i0 + j sits at position j.  The
- * partial sums live in registers and are added to the totals at the end.
- * Called with constant mb, i0, np and t, so that every loop below unrolls
- * and acc[][] becomes registers. */
+ * block (nk of them, `stride` words apart), mb rows of x.  Nibble i is
+ * read at position i % P of the word shifted right by 4 (i - i % P), P =
+ * NIBBLE_POSITIONS.  The partial sums live in registers and are added to
+ * the totals at the end: as they are (exact form) or times the scales
+ * (regrouped).  Called with constant mb, i0, np, t and rg, so that every
+ * loop below unrolls and acc[][] becomes registers. */
 static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
 pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const float *zero, const float *scale, float *total, int64_t width, const int mb,
-      const int i0, const int np, const awq_dtype t)
+      const int i0, const int np, const awq_dtype t, const int rg)
 {
-    __m256 acc[LINEAR_MB][4];
-    __m256i mask[4];
-    __m256 offset[4];
+    enum { P = NIBBLE_POSITIONS };
+    const int tiny = rg && t == AWQ_F16; /* q - z among the subnormals (above) */
+    __m256 acc[LINEAR_MB][4], ztiny[4];
+    __m256i mask[P];
+    __m256 offset[P];
 #pragma GCC unroll 4
-    for (int j = 0; j < np; j++) {
+    for (int j = 0; j < P; j++) {
         mask[j] = _mm256_set1_epi32(0xF << (4 * j));
         offset[j] = _mm256_set1_ps(nibble_offset(j));
     }
@@ -339,6 +638,10 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; tiny && j < np; j++)
+        ztiny[j] = _mm256_and_ps(_mm256_loadu_ps(zero + 8 * (i0 + j)),
+                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         /* the same tile row one block ahead, into L2 (where a chunk's
@@ -347,24 +650,29 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
          * follow poorly.  A prefetch never faults, past the end included. */
         if (i0 == 0)
             _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
-        __m256i w = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
-        if (i0 > 0)
-            w = _mm256_srli_epi32(w, 4 * i0);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(qw + k * stride));
+        __m256i w[2]; /* the word shifted for nibbles i0 / P * P + P r on */
+#pragma GCC unroll 2
+        for (int r = 0; r <= (i0 + np - 1) / P - i0 / P; r++)
+            w[r] = i0 / P + r > 0 ? _mm256_srli_epi32(w0, 4 * P * (i0 / P + r)) : w0;
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = _mm256_broadcast_ss(x + m * K + k);
+            xm[m] = _mm256_broadcast_ss(x + m * K + k); /* tiny: x times TINY_X_SCALE */
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m256i q =
-                _mm256_or_si256(_mm256_and_si256(w, mask[j]), _mm256_castps_si256(offset[j]));
-            __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_loadu_ps(zero + 8 * i));
-            __m256 e = round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
+            __m256i bits = _mm256_and_si256(w[i / P - i0 / P], mask[i % P]);
+            __m256 d = tiny ? _mm256_sub_ps(_mm256_castsi256_ps(bits), ztiny[j])
+                            : _mm256_sub_ps(_mm256_or_ps(_mm256_castsi256_ps(bits), offset[i % P]),
+                                            _mm256_loadu_ps(zero + 8 * i));
+            /* exact: W rounded to the dtype; regrouped: q - z itself */
+            __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = t == AWQ_F16 ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
-                                         : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
+                acc[m][j] = fused_product(t)
+                                ? _mm256_fmadd_ps(xm[m], e, acc[m][j])
+                                : _mm256_add_ps(acc[m][j], _mm256_mul_ps(xm[m], e));
         }
     }
 
@@ -373,7 +681,11 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 8 * (i0 + j);
-            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[m][j]));
+            __m256 sc = _mm256_loadu_ps(scale + 8 * (i0 + j));
+            if (tiny)
+                sc = _mm256_mul_ps(sc, _mm256_set1_ps(tiny_unscale((i0 + j) % P)));
+            __m256 a = rg ? _mm256_mul_ps(sc, acc[m][j]) : acc[m][j];
+            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), a));
         }
 }
 
@@ -381,44 +693,51 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 static inline __attribute__((always_inline, target("avx2,f16c,fma"))) void
 tile8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const float *zero, const float *scale, float *total, int64_t width, const int mb,
-      const awq_dtype t)
+      const awq_dtype t, const int rg)
 {
-    const int np = pass_nibbles(mb, 8);
+    const int np = pass_nibbles(mb, 8, rg);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
-        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+        pass8(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t, rg);
 }
 
 typedef void (*tile_fn)(const uint32_t *, int64_t, int64_t, const float *, int64_t, const float *,
                         const float *, float *, int64_t);
 
+/* The tile functions of one width: [regrouped][dtype][mb - 1] (bfloat16
+ * never regroups). */
 #define TILE_FNS(BODY, TARGET, W)                                                                 \
-    TILE_FN(BODY, TARGET, W, f16, 1, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 2, AWQ_F16)            \
-    TILE_FN(BODY, TARGET, W, f16, 3, AWQ_F16) TILE_FN(BODY, TARGET, W, f16, 4, AWQ_F16)            \
-    TILE_FN(BODY, TARGET, W, bf16, 1, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 2, AWQ_BF16)        \
-    TILE_FN(BODY, TARGET, W, bf16, 3, AWQ_BF16) TILE_FN(BODY, TARGET, W, bf16, 4, AWQ_BF16)        \
-    TILE_FN(BODY, TARGET, W, f32, 1, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 2, AWQ_F32)            \
-    TILE_FN(BODY, TARGET, W, f32, 3, AWQ_F32) TILE_FN(BODY, TARGET, W, f32, 4, AWQ_F32)            \
-    static const tile_fn tiles##W[AWQ_NUM_DTYPES][LINEAR_MB] = {                                  \
-        {tile##W##_f16_1, tile##W##_f16_2, tile##W##_f16_3, tile##W##_f16_4},                     \
-        {tile##W##_bf16_1, tile##W##_bf16_2, tile##W##_bf16_3, tile##W##_bf16_4},                 \
-        {tile##W##_f32_1, tile##W##_f32_2, tile##W##_f32_3, tile##W##_f32_4},                     \
+    TILE_MBS(BODY, TARGET, W, 0, exact, f16, AWQ_F16)                                             \
+    TILE_MBS(BODY, TARGET, W, 0, exact, bf16, AWQ_BF16)                                           \
+    TILE_MBS(BODY, TARGET, W, 0, exact, f32, AWQ_F32)                                             \
+    TILE_MBS(BODY, TARGET, W, 1, regroup, f16, AWQ_F16)                                           \
+    TILE_MBS(BODY, TARGET, W, 1, regroup, f32, AWQ_F32)                                           \
+    static const tile_fn tiles##W[2][AWQ_NUM_DTYPES][LINEAR_MB] = {                               \
+        {TILE_ROW(W, exact, f16), TILE_ROW(W, exact, bf16), TILE_ROW(W, exact, f32)},             \
+        {TILE_ROW(W, regroup, f16), {NULL}, TILE_ROW(W, regroup, f32)},                           \
     };
 
-#define TILE_FN(BODY, TARGET, W, NAME, MB, T)                                                     \
-    __attribute__((target(TARGET))) static void tile##W##_##NAME##_##MB(                          \
+#define TILE_ROW(W, MODE, NAME)                                                                   \
+    {tile##W##_##MODE##_##NAME##_1, tile##W##_##MODE##_##NAME##_2,                                \
+     tile##W##_##MODE##_##NAME##_3, tile##W##_##MODE##_##NAME##_4}
+
+#define TILE_MBS(BODY, TARGET, W, RG, MODE, NAME, T)                                              \
+    TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 1, T) TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 2, T) \
+    TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 3, T) TILE_FN(BODY, TARGET, W, RG, MODE, NAME, 4, T)
+
+#define TILE_FN(BODY, TARGET, W, RG, MODE, NAME, MB, T)                                           \
+    __attribute__((target(TARGET))) static void tile##W##_##MODE##_##NAME##_##MB(                 \
         const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,               \
         const float *zero, const float *scale, float *total, int64_t width)                      \
     {                                                                                             \
-        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T);                             \
+        BODY(qw, stride, nk, x, K, zero, scale, total, width, MB, T, RG);                         \
     }
 
 TILE_FNS(tile8, "avx2,f16c,fma", 8)
 
-#ifndef AWQ_LINEAR_NO_AVX512
-#define AWQ_LINEAR_AVX512 1
+#ifdef AWQ_LINEAR_AVX512
 
-/* The AVX-512 tile: 16 words, the pass of pass8 on 16 lanes. */
+/* The AVX-512 tile: 16 words.  round8 on 16 lanes. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) __m512
 round16(__m512 e, const awq_dtype t)
 {
@@ -433,76 +752,97 @@ round16(__m512 e, const awq_dtype t)
     return e;
 }
 
+/* The pass of pass8 on 16 lanes. */
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
 pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
        const float *zero, const float *scale, float *total, int64_t width, const int mb,
-       const int i0, const int np, const awq_dtype t)
+       const int i0, const int np, const awq_dtype t, const int rg)
 {
-    __m512 acc[LINEAR_MB][4];
-    __m512i mask[4], offset[4];
+    enum { P = NIBBLE_POSITIONS };
+    const int tiny = rg && t == AWQ_F16; /* as in pass8 */
+    __m512 acc[LINEAR_MB][8], ztiny[8];
+    __m512i mask[P], offset[P];
 #pragma GCC unroll 4
-    for (int j = 0; j < np; j++) {
+    for (int j = 0; j < P; j++) {
         mask[j] = _mm512_set1_epi32(0xF << (4 * j));
         offset[j] = _mm512_castps_si512(_mm512_set1_ps(nibble_offset(j)));
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; tiny && j < np; j++)
+        ztiny[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(zero + 16 * (i0 + j)),
+                                                        _mm512_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         if (i0 == 0) /* as in pass8 */
             _mm_prefetch((const char *)(qw + (k + LINEAR_KB) * stride), _MM_HINT_T1);
-        __m512i w = _mm512_loadu_si512((const void *)(qw + k * stride));
-        if (i0 > 0)
-            w = _mm512_srli_epi32(w, 4 * i0);
+        __m512i w0 = _mm512_loadu_si512((const void *)(qw + k * stride));
+        __m512i w[2];
+#pragma GCC unroll 2
+        for (int r = 0; r <= (i0 + np - 1) / P - i0 / P; r++)
+            w[r] = i0 / P + r > 0 ? _mm512_srli_epi32(w0, 4 * P * (i0 / P + r)) : w0;
         __m512 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
             xm[m] = _mm512_set1_ps(x[m * K + k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            /* (w & mask) | offset in one instruction: 0xEA is the truth
-             * table of (a & b) | c */
-            __m512i q = _mm512_ternarylogic_epi32(w, mask[j], offset[j], 0xEA);
-            __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
-            __m512 e = round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
+            __m512 d;
+            if (tiny) {
+                __m512i bits = _mm512_and_si512(w[i / P - i0 / P], mask[i % P]);
+                d = _mm512_sub_ps(_mm512_castsi512_ps(bits), ztiny[j]);
+            } else {
+                /* (w & mask) | offset in one instruction: 0xEA is the
+                 * truth table of (a & b) | c */
+                __m512i q = _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P],
+                                                      offset[i % P], 0xEA);
+                d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
+            }
+            __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
-                acc[m][j] = t == AWQ_F16 ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
-                                         : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
+                acc[m][j] = fused_product(t)
+                                ? _mm512_fmadd_ps(xm[m], e, acc[m][j])
+                                : _mm512_add_ps(acc[m][j], _mm512_mul_ps(xm[m], e));
         }
     }
 
 #pragma GCC unroll 4
     for (int m = 0; m < mb; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 16 * (i0 + j);
-            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), acc[m][j]));
+            __m512 sc = _mm512_loadu_ps(scale + 16 * (i0 + j));
+            if (tiny)
+                sc = _mm512_mul_ps(sc, _mm512_set1_ps(tiny_unscale((i0 + j) % P)));
+            __m512 a = rg ? _mm512_mul_ps(sc, acc[m][j]) : acc[m][j];
+            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), a));
         }
 }
 
 static inline __attribute__((always_inline, target("avx512f,avx2,f16c"))) void
 tile16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
        const float *zero, const float *scale, float *total, int64_t width, const int mb,
-       const awq_dtype t)
+       const awq_dtype t, const int rg)
 {
-    const int np = pass_nibbles(mb, 16);
+    const int np = pass_nibbles(mb, 16, rg);
 #pragma GCC unroll 8
     for (int i0 = 0; i0 < 8; i0 += np)
-        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t);
+        pass16(qw, stride, nk, x, K, zero, scale, total, width, mb, i0, np, t, rg);
 }
 
 TILE_FNS(tile16, "avx512f,avx2,f16c", 16)
 
-#endif /* AWQ_LINEAR_NO_AVX512 */
+#endif /* AWQ_LINEAR_AVX512 */
 
-/* Packed words per vector tile on this CPU: 16 where AVX-512F runs, else
- * 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller has
- * checked awq_cpu_use_avx2(). */
+/* Packed words per vector tile on this CPU: 16 where AVX-512F and BW run,
+ * else 8; 0 (the scalar path) on the rare AVX2 CPU without FMA.  The caller
+ * has checked awq_cpu_use_avx2(). */
 static int vector_lanes(void)
 {
     static int cached = -1;
@@ -510,45 +850,84 @@ static int vector_lanes(void)
         __builtin_cpu_init();
         cached = !__builtin_cpu_supports("fma") ? 0 : 8;
 #ifdef AWQ_LINEAR_AVX512
-        if (cached && __builtin_cpu_supports("avx512f"))
+        if (cached && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
             cached = 16;
 #endif
     }
     return cached;
 }
 
+/* One block of one tile (its words at qw, `stride` apart) for the item's mb
+ * rows; bit m of xok is set where row m may regroup in this group.  A row
+ * that may not regroup takes the exact form with the group's scales,
+ * whatever the tile's mode.  Rows that agree go through the tile functions
+ * together, else one by one. */
+static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
+                     const tile_fn *regroup, const uint32_t *qw, int64_t stride, int64_t nk,
+                     const float *x, const float *xs, int64_t t0, int mode, int mb, unsigned xok)
+{
+    const int64_t K = pl->p->K, width = pl->width;
+    const unsigned all = (1u << mb) - 1;
+    if (xok == 0 || mode == MODE_EXACT) {
+        exact[mb - 1](qw, stride, nk, x, K, s->zero + t0, s->scale + t0, s->total + t0, width);
+        return;
+    }
+    for (int m = 0; m < mb; m++) {
+        int rows = xok == all ? mb : 1; /* rows from m on, all in one call */
+        float *total = s->total + m * width + t0;
+        if (!(xok >> m & 1u)) {
+            exact[0](qw, stride, nk, x + m * K, K, s->zero + t0, s->scale + t0, total, width);
+            continue;
+        }
+        const int both = mode == (MODE_EXACT | MODE_REGROUP);
+        if (mode & MODE_EXACT)
+            exact[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
+                            (both ? s->escale : s->scale) + t0, total, width);
+        if (mode & MODE_REGROUP)
+            regroup[rows - 1](qw, stride, nk, xs + m * K, K, s->zero + t0,
+                              (both ? s->rscale : s->scale) + t0, total, width);
+        m += rows - 1;
+    }
+}
+
 static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t cols, int64_t m0,
                         int mb)
 {
     const awq_linear_problem *p = pl->p;
-    const int64_t K = p->K, G = p->G, words = p->N / 8;
+    const int64_t K = p->K, G = p->G, groups = K / G, words = p->N / 8;
     const int lanes = pl->lanes;
     const int64_t T = 8 * lanes;
 #ifdef AWQ_LINEAR_AVX512
-    const tile_fn tile = (lanes == 16 ? tiles16 : tiles8)[p->dtype][mb - 1];
+    const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = lanes == 16 ? tiles16 : tiles8;
 #else
-    const tile_fn tile = tiles8[p->dtype][mb - 1];
+    const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = tiles8;
 #endif
-    const float *x = pl->x + m0 * K;
+    const tile_fn *exact = tiles[0][p->dtype], *regroup = tiles[1][p->dtype];
+    const float *x = pl->x + m0 * K, *xs = pl->xs + m0 * K;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
-    for (int64_t g = 0; g < K / G; g++) {
-        expand_avx2(pl, s, g, n0, cols, pass_nibbles(mb, lanes));
+    for (int64_t g = 0; g < groups; g++) {
+        expand_avx2(pl, s, g, n0, cols);
+        classify_avx2(pl, s, cols);
+        unsigned xok = 0;
+        for (int m = 0; m < mb; m++)
+            xok |= (unsigned)pl->xok[(m0 + m) * groups + g] << m;
         for (int64_t b0 = g * G; b0 < (g + 1) * G; b0 += LINEAR_KB) {
             int64_t nk = b0 + LINEAR_KB < (g + 1) * G ? LINEAR_KB : (g + 1) * G - b0;
             const uint32_t *qw = p->qweight + b0 * words + n0 / 8;
             for (int64_t t0 = 0; t0 < cols; t0 += T) {
+                int mode = s->mode[t0 / T];
                 if (t0 + T <= cols) {
-                    tile(qw + t0 / 8, words, nk, x + b0, K, s->zero + t0, s->scale + t0,
-                         s->total + t0, pl->width);
+                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, xs + b0, t0,
+                             mode, mb, xok);
                 } else {
                     /* a partial tile: its words, padded with zeros */
                     int64_t nw = (cols - t0) / 8;
                     for (int64_t k = 0; k < nk; k++)
                         for (int64_t c = 0; c < lanes; c++)
                             s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
-                    tile(s->tail, lanes, nk, x + b0, K, s->zero + t0, s->scale + t0,
-                         s->total + t0, pl->width);
+                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, xs + b0, t0,
+                             mode, mb, xok);
                 }
             }
         }
@@ -587,6 +966,31 @@ static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dt
         dst[i] = load_scale(src, i, t);
 }
 
+/* The floating-point environment the sums are defined in, per thread:
+ * round to nearest even, subnormals neither flushed nor read as zero
+ * (MXCSR's default).  A caller may have changed its own (PyTorch's
+ * set_flush_denormal does, and threads inherit it), which would change
+ * bits and break the float16 regrouped tiles, whose q - z are subnormal. */
+static unsigned fp_enter(void)
+{
+#ifdef AWQ_X86_DISPATCH
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(0x1F80u); /* all exceptions masked, round to nearest, no FTZ / DAZ */
+    return old;
+#else
+    return 0;
+#endif
+}
+
+static void fp_leave(unsigned old)
+{
+#ifdef AWQ_X86_DISPATCH
+    _mm_setcsr(old);
+#else
+    (void)old;
+#endif
+}
+
 /* Work item i: chunk i % chunks of the columns, row block i / chunks. */
 static void run_item(const plan *pl, const scratch *s, int64_t i)
 {
@@ -606,11 +1010,11 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
 
 static int64_t default_chunk(int64_t N, int threads)
 {
-    int64_t chunk = LINEAR_CHUNK_MAX;
-    while (chunk > LINEAR_CHUNK_MIN &&
-           (N + chunk - 1) / chunk < (int64_t)threads * LINEAR_ITEMS_PER_THREAD)
-        chunk /= 2;
-    return chunk;
+    const int64_t tile = 8 * LINEAR_LANES_MAX, items = (int64_t)threads * LINEAR_ITEMS_PER_THREAD;
+    int64_t chunk = (N + items - 1) / items;
+    if (chunk <= LINEAR_CHUNK_MIN)
+        return LINEAR_CHUNK_MIN;
+    return (chunk + tile - 1) / tile * tile;
 }
 
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
@@ -656,18 +1060,24 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         threads = 1;
 
     /* Everything is allocated here, before any thread starts: x in float32
-     * (unless it already is) and one scratch per thread. */
+     * (unless it already is; twice for float16, scaled for the regrouped
+     * tiles), the rows' regrouping flags and one scratch per thread. */
     size_t per = scratch_bytes(pl.width);
+    if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / 2 / (uint64_t)p->K)
+        return AWQ_ERR_NOMEM;
     size_t xbytes = 0;
     if (p->dtype != AWQ_F32) {
-        if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / (uint64_t)p->K)
-            return AWQ_ERR_NOMEM;
         xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
         xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+        if (p->dtype == AWQ_F16)
+            xbytes *= 2;
     }
-    if ((size_t)threads > (SIZE_MAX - xbytes) / per)
+    /* M (K / G) <= M K: no overflow after the check above */
+    size_t okbytes = (size_t)p->M * (size_t)(p->K / p->G);
+    okbytes = (okbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
+    if (xbytes > SIZE_MAX - okbytes || (size_t)threads > (SIZE_MAX - xbytes - okbytes) / per)
         return AWQ_ERR_NOMEM;
-    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + per * (size_t)threads);
+    char *mem = aligned_alloc(LINEAR_ALIGN, xbytes + okbytes + per * (size_t)threads);
     if (mem == NULL)
         return AWQ_ERR_NOMEM;
     if (p->dtype == AWQ_F32) {
@@ -676,17 +1086,28 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
         pl.x = (const float *)mem;
     }
-    char *scratch_mem = mem + xbytes;
+    pl.xs = pl.x;
+    if (p->dtype == AWQ_F16) {
+        float *xs = (float *)(mem + xbytes / 2);
+        scale_x(pl.x, xs, p->M * p->K);
+        pl.xs = xs;
+    }
+    rows_regroup(&pl, (unsigned char *)(mem + xbytes));
+    pl.xok = (const unsigned char *)(mem + xbytes);
+    char *scratch_mem = mem + xbytes + okbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
+        unsigned env = fp_enter();
         scratch s = scratch_at(scratch_mem, pl.width);
         for (int64_t i = 0; i < items; i++)
             run_item(&pl, &s, i);
+        fp_leave(env);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
+            unsigned env = fp_enter();
             scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
             /* dynamic: a core shared with other processes takes fewer
              * items.  The schedule decides only who computes an output
@@ -694,6 +1115,7 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
                 run_item(&pl, &s, i);
+            fp_leave(env);
         }
     }
 #endif
@@ -717,7 +1139,7 @@ const char *awq_cpu_linear_simd(void)
 
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
 {
-    static const int64_t chunks[] = {64, 128, 256, 512, 1024};
+    static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
     if (!configs || cap <= 0)
         return 0;
     int n = 0;

@@ -12,7 +12,10 @@
  * this file's own dequantization (its own float16 / bfloat16 decoding and
  * rounding, none of the kernel's helpers):
  *   |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of the dtype at y64,
- * NaN where y64 is NaN, the same Inf where y64 is Inf.
+ * NaN where y64 is NaN, the same Inf where y64 is Inf.  The kernel sums
+ * some parts of K as s * sum (q - z) x ("regrouped") and others as sum x W
+ * ("exact", cpu/linear.c says where); the sweep mixes both in one problem,
+ * and worked examples tell them apart bit for bit.
  *
  * The scalar path is checked in a child process started before anything
  * else (AWQ_FAST_DEQUANT_CPU_SCALAR=1 is read once per process): it runs
@@ -43,6 +46,11 @@
 
 #ifdef LINEAR_NARROW
 awq_status awq_cpu_linear_narrow(const awq_linear_problem *p, const awq_config *c);
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_MXCSR 1
 #endif
 
 static int failures, checks;
@@ -322,11 +330,58 @@ static const int64_t KG[][2] = {{1, 1},     {7, 7},     {64, 64},  {96, 32}, {10
 /* N: one word, tails of the 64- and 128-column tiles and of the chunks */
 static const int64_t NS[] = {8, 16, 56, 64, 72, 120, 136, 200, 256, 328};
 
-#define SWEEP 90
+#define SWEEP_RANDOM 90
+#define SWEEP 126
+
+/* Problem i >= SWEEP_RANDOM of the sweep: the regrouped and the exact form
+ * side by side.  Several groups get a run of columns whose scales are NaN,
+ * +-Inf or too large to regroup (float16: 15 |s| > 65504; float32: |s| >
+ * 2^60), and other groups a row of x too large to regroup (|x| > 2^54;
+ * float16: an Inf): those (group, column) and (row, group) take the exact
+ * form, the rest the regrouped one.  (bfloat16 takes the exact form
+ * throughout; its problems are built alike.)  Large x and large scales
+ * never meet in one group (a problem of one group gets one or the other),
+ * so that every float32 sum stays finite where the float64 reference
+ * does. */
+static problem mixed_problem(int i)
+{
+    rng_state = 0xC0FFEEu + (uint64_t)i * 104729u;
+    int64_t M = 1 + rnd_below(9);
+    const int64_t *kg = KG[rnd_below(sizeof KG / sizeof KG[0])];
+    int64_t K = kg[0], G = kg[1], N = NS[rnd_below(sizeof NS / sizeof NS[0])];
+    awq_dtype t = (awq_dtype)(i % 3);
+    problem P = make_problem(M, K, N, G, t, (int)rnd_below(2), 0);
+    int64_t groups = K / G;
+    /* one group: either its scales or its x */
+    int scales_too = groups > 1 || rnd_below(2), xs_too = groups > 1 || !scales_too;
+    static const double kinds[] = {NAN, INFINITY, -INFINITY, 0.0 /* large, below */};
+    for (int64_t g = 0; scales_too && g < groups; g += 2) { /* even groups: scales */
+        if (rnd_below(3) == 0)
+            continue;
+        int64_t n0 = rnd_below(N), n1 = n0 + 1 + rnd_below(N - n0);
+        double v = kinds[rnd_below(4)];
+        if (v == 0.0) /* the smallest scale that no longer regroups, and beyond */
+            v = (t == AWQ_F16 ? 4368.0 : 0x1p61) * (double)(1 + rnd_below(3));
+        if (t == AWQ_F16 && v > 65504.0)
+            v = 65504.0;
+        for (int64_t n = n0; n < n1; n++)
+            encode(P.sc, g * N + n, rnd_below(2) ? v : -v, t);
+    }
+    for (int64_t g = groups > 1 ? 1 : 0; xs_too && g < groups; g += 2) { /* odd groups: x */
+        if (rnd_below(3) == 0)
+            continue;
+        int64_t m = rnd_below(M), k = g * G + rnd_below(G);
+        double v = t == AWQ_F16 ? INFINITY : ldexp(1.0, 55 + (int)rnd_below(4));
+        encode(P.x, m * K + k, rnd_below(2) ? v : -v, t);
+    }
+    return P;
+}
 
 /* Problem i of the sweep: the same sequence in every process. */
 static problem sweep_problem(int i)
 {
+    if (i >= SWEEP_RANDOM)
+        return mixed_problem(i);
     rng_state = 0x1234567u + (uint64_t)i * 7919u;
     int64_t M = 1 + rnd_below(17);
     if (i % 3 == 0)
@@ -393,6 +448,132 @@ static void test_worked_example(void)
     for (int j = 0; j < 8; j++)
         CHECK(y[j] == (float)(reverse[j] + 3 + j));
 }
+
+/* Which form each part of a sum takes, worked out by hand; each expected
+ * value is the one form's and not the other's.
+ *
+ * float16, K = G = 256, x = 1, z = 0, one row.  Column 0: q = 5 in every
+ * row, s = 1 + 2^-10, which regroups.  Its W is 5.0048828125 rounded to
+ * float16, 5.00390625; the exact form would sum 64 of them per block,
+ * 320.25, and 4 blocks, 1281; the regrouped form takes s * 320 = 320.3125
+ * per block, 1281.25.  With bias 0.375: 1281.625 rounds to 1282 (the exact
+ * form's 1281.375 would give 1281).  Column 1: q = 5 in row 0 only, s =
+ * 4372, and 15 * 4372 > 65504 keeps the exact form: W = 21860 rounded to
+ * float16 = 21856; with bias 6, 21862 rounds to 21856 (the regrouped
+ * 21866 would give 21872).
+ *
+ * float32, K = G = 4, z = 0, q = 3 in rows 0..2 and 0 in row 3, s = 1 +
+ * 2^-23; x row 0 = (1, 1, 1, 2^55), row 1 = (1, 1, 1, 1).  Row 0's 2^55
+ * keeps the exact form for the row: W = 3 + 3 2^-23 rounds (a tie) to 3 +
+ * 2^-21, and W + W + W = 9 + 1.5 2^-20 rounds (a tie) to 9 + 2^-19.  Row 1
+ * regroups: s * 9 = 9 + 9 2^-23 rounds to 9 + 2^-20. */
+static void test_regrouped_and_exact_forms(awq_status (*linear)(const awq_linear_problem *,
+                                                                const awq_config *),
+                                           const char *what)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        rng_state = 3;
+        problem P = make_problem(1, 256, 8, 256, AWQ_F16, 1, 0);
+        for (int64_t k = 0; k < 256; k++)
+            P.qw[k] = k == 0 ? 0x00050005u : 0x00000005u; /* columns 0 and 1: nibbles 0, 4 */
+        P.qz[0] = 0u;
+        for (int64_t n = 0; n < 8; n++) {
+            encode(P.sc, n, n == 0 ? 1.0 + 0x1p-10 : n == 1 ? 4372.0 : 1.0, AWQ_F16);
+            encode(P.bias, n, n == 0 ? 0.375 : n == 1 ? 6.0 : 0.0, AWQ_F16);
+        }
+        for (int64_t k = 0; k < 256; k++)
+            encode(P.x, k, 1.0, AWQ_F16);
+        awq_linear_problem p = view(&P);
+        awq_config c = {.kernel = AWQ_KERNEL_CPU, .threads = threads};
+        CHECK(linear(&p, &c) == AWQ_OK);
+        CHECK(decode(P.y, 0, AWQ_F16) == 1282.0);
+        CHECK(decode(P.y, 1, AWQ_F16) == 21856.0);
+        for (int64_t n = 2; n < 8; n++)
+            CHECK(decode(P.y, n, AWQ_F16) == 0.0);
+        CHECK(check_reference(&P, what) == 0);
+        free_problem(&P);
+
+        P = make_problem(2, 4, 8, 4, AWQ_F32, 0, 0);
+        for (int64_t k = 0; k < 4; k++)
+            P.qw[k] = k < 3 ? 0x33333333u : 0u;
+        P.qz[0] = 0u;
+        for (int64_t n = 0; n < 8; n++)
+            encode(P.sc, n, 1.0 + 0x1p-23, AWQ_F32);
+        for (int64_t k = 0; k < 8; k++)
+            encode(P.x, k, k == 3 ? 0x1p55 : 1.0, AWQ_F32);
+        p = view(&P);
+        CHECK(linear(&p, &c) == AWQ_OK);
+        for (int64_t n = 0; n < 8; n++) {
+            CHECK(((float *)P.y)[n] == 9.0f + 0x1p-19f);
+            CHECK(((float *)P.y)[8 + n] == 9.0f + 0x1p-20f);
+        }
+        CHECK(check_reference(&P, what) == 0);
+        free_problem(&P);
+    }
+}
+
+/* bfloat16 keeps the exact form: W's rounding error, up to 2^-8 of |W|,
+ * would take a regrouped sum outside the tolerance.  s = 1.15625; q - z =
+ * 7 gives W = 8.09375 rounded (a tie) to 8.125, q - z = 9 gives 10.40625
+ * rounded to 10.375.  Rows
+ * alternate x = 1, q - z = 7 and x = -0.78125, q - z = 9: the float64
+ * reference is 32 (8.125 - 8.10546875) = 0.625 with |x| @ |W| = 519.375,
+ * a tolerance of 1.0144 + 1 ulp; the regrouped form would give s * 32 (7 -
+ * 7.03125) = -1.15625, 1.78 away. */
+static void test_bf16_rounded_w_stays_exact(void)
+{
+    rng_state = 4;
+    problem P = make_problem(1, 64, 8, 64, AWQ_BF16, 0, 0);
+    for (int64_t k = 0; k < 64; k++) {
+        P.qw[k] = k % 2 ? 0x99999999u : 0x77777777u;
+        encode(P.x, k, k % 2 ? -0.78125 : 1.0, AWQ_BF16);
+    }
+    P.qz[0] = 0u;
+    for (int64_t n = 0; n < 8; n++)
+        encode(P.sc, n, 1.15625, AWQ_BF16);
+    CHECK(run(&P, 0, 0) == AWQ_OK);
+    for (int64_t n = 0; n < 8; n++)
+        CHECK(decode(P.y, n, AWQ_BF16) == 0.625);
+    CHECK(check_reference(&P, "bfloat16, W rounded") == 0);
+    free_problem(&P);
+}
+
+#ifdef HAVE_MXCSR
+/* The caller's floating-point environment changes no bit: flush-to-zero,
+ * denormals-are-zero and rounding toward zero, set in this thread and in
+ * OpenMP's pooled threads, give the bits of the default environment (the
+ * float16 regrouped tiles compute with subnormals), and each thread's own
+ * environment is back afterwards. */
+static void test_float_environment(void)
+{
+    const unsigned odd = 0x1F80u | 0x8040u | 0x6000u; /* masked, FTZ + DAZ, toward zero */
+    for (int t = AWQ_F16; t <= AWQ_F32; t++) {
+        rng_state = 21 + (uint64_t)t;
+        problem P = make_problem(3, 384, 136, 128, (awq_dtype)t, 1, 1);
+        size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
+        CHECK(run(&P, 1, 0) == AWQ_OK);
+        void *want = xmalloc(bytes);
+        memcpy(want, P.y, bytes);
+        for (int threads = 1; threads <= 2; threads++) {
+            unsigned mine = _mm_getcsr(), seen = 0;
+#pragma omp parallel num_threads(threads)
+            _mm_setcsr(odd);
+            memset(P.y, 0x5A, bytes);
+            CHECK(run(&P, threads, 64) == AWQ_OK);
+            CHECK(same_bits(want, P.y, P.M * P.N, P.t));
+#pragma omp parallel num_threads(threads) reduction(| : seen)
+            {
+                seen |= _mm_getcsr() ^ odd;
+                _mm_setcsr(mine);
+            }
+            CHECK(seen == 0);
+            _mm_setcsr(mine);
+        }
+        free(want);
+        free_problem(&P);
+    }
+}
+#endif
 
 static void test_edges(void)
 {
@@ -638,6 +819,11 @@ int main(int argc, char **argv)
         setenv("AWQ_FAST_DEQUANT_CPU_SCALAR", "1", 1);
         sweep("scalar path", fileno(f));
         test_worked_example();
+        test_regrouped_and_exact_forms(awq_cpu_linear, "scalar path, forms");
+        test_bf16_rounded_w_stays_exact();
+#ifdef HAVE_MXCSR
+        test_float_environment();
+#endif
         test_edges();
         test_products_round_first();
         fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_linear_simd(), checks,
@@ -653,6 +839,14 @@ int main(int argc, char **argv)
     printf("path %s, %d OpenMP threads\n", awq_cpu_linear_simd(), awq_cpu_max_threads());
     sweep(vector ? "vector path" : "default path", -1);
     test_worked_example();
+    test_regrouped_and_exact_forms(awq_cpu_linear, vector ? "vector path, forms" : "forms");
+#ifdef LINEAR_NARROW
+    test_regrouped_and_exact_forms(awq_cpu_linear_narrow, "AVX2 tiles, forms");
+#endif
+    test_bf16_rounded_w_stays_exact();
+#ifdef HAVE_MXCSR
+    test_float_environment();
+#endif
     test_edges();
     test_products_round_first();
     test_candidates();
