@@ -40,6 +40,19 @@ int awq_cpu_max_threads(void);
  * at-fork handler that makes a forked child run on one thread.  A result
  * of 1 means: run serially, outside any parallel region. */
 int awq_cpu_threads(int requested);
+/* The thread counts the tuners try: 1, 2, 4, ... below max, then max;
+ * returns how many were written (at most cap). */
+static inline int awq_cpu_thread_counts(int max, int *counts, int cap)
+{
+    int n = 0;
+    if (max < 1)
+        max = 1;
+    for (int t = 1; t < max && n < cap - 1; t *= 2)
+        counts[n++] = t;
+    if (n < cap)
+        counts[n++] = max;
+    return n;
+}
 /* 1 when the AVX2 + F16C kernels run (the CPU has both, and
  * AWQ_FAST_DEQUANT_CPU_SCALAR is unset). */
 int awq_cpu_use_avx2(void);

@@ -18,13 +18,8 @@ int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
     if (!p || p->K <= 0)
         return n;
 
-    int max_threads = awq_cpu_max_threads();
-    if (max_threads < 1)
-        max_threads = 1;
-    int threads[34], nt = 0;
-    for (int t = 1; t < max_threads && nt < 32; t *= 2)
-        threads[nt++] = t;
-    threads[nt++] = max_threads;
+    int threads[34];
+    const int nt = awq_cpu_thread_counts(awq_cpu_max_threads(), threads, 34);
 
     for (int ti = 0; ti < nt; ti++) {
         for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {

@@ -776,11 +776,9 @@ awq_status awq_cuda_time(const awq_problem *p, const awq_config *c, const awq_cu
     const awq_status s = prepare(p, c, &rc);
     if (s != AWQ_OK) return s;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-    DeviceScope scope;
     float t = 0.0f;
-    cudaError_t e = scope.enter(p->device);
-    if (e == cudaSuccess)
-        e = time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_config(p, &rc, stream); }, &t);
+    const cudaError_t e =
+        time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_config(p, &rc, stream); }, &t);
     set_detail(detail, (int)e);
     if (e != cudaSuccess) return status_of(e);
     if (ms) *ms = t;

@@ -227,18 +227,19 @@ inline unsigned grid_for(int64_t count, int per_block)
 
 constexpr int kMaxTimedRuns = 32;
 
-/* `warmup` calls of launch_once(), then `iters` calls, each preceded by a
- * write of `flush` (when it is for this device) and bracketed by its own
- * events on `stream`; *ms receives the median.  Synchronizes on the last
- * event only.  The caller's device must be current. */
+/* On `device` (made current for the call): `warmup` calls of launch_once(),
+ * then `iters` calls, each preceded by a write of `flush` (when it is for
+ * this device) and bracketed by its own events on `stream`; *ms receives
+ * the median.  Synchronizes on the last event only. */
 template <class F>
 cudaError_t time_launches(int device, cudaStream_t stream, const awq_cuda_flush *flush, int warmup, int iters,
                           F &&launch_once, float *ms)
 {
     const bool cold = flush && flush->ptr && flush->device == device;
+    DeviceScope scope;
     EventPair ev[kMaxTimedRuns];
     float t[kMaxTimedRuns];
-    cudaError_t e = cudaSuccess;
+    cudaError_t e = scope.enter(device);
     for (int i = 0; i < iters && e == cudaSuccess; ++i) {
         e = clear_error(cudaEventCreate(&ev[i].start));
         if (e == cudaSuccess) e = clear_error(cudaEventCreate(&ev[i].stop));

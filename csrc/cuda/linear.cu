@@ -1245,12 +1245,9 @@ awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c
     const awq_status s = prepare(p, c, &d, &rc, detail);
     if (s != AWQ_OK) return s;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-    DeviceScope scope;
     float t = 0.0f;
-    cudaError_t e = scope.enter(p->device);
-    if (e == cudaSuccess)
-        e = time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_linear(p, &rc, d, stream); },
-                          &t);
+    const cudaError_t e =
+        time_launches(p->device, stream, flush, warmup, iters, [&] { return launch_linear(p, &rc, d, stream); }, &t);
     set_detail(detail, (int)e);
     if (e != cudaSuccess) return linear_status(e);
     if (ms) *ms = t;

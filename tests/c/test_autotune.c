@@ -32,16 +32,7 @@
 
 extern awq_status stub_status; /* stubs.c */
 
-static int failures, checks;
-
-#define CHECK(cond)                                                                               \
-    do {                                                                                          \
-        checks++;                                                                                 \
-        if (!(cond)) {                                                                            \
-            failures++;                                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
-        }                                                                                         \
-    } while (0)
+#include "check.h"
 
 #define CHECK_WARN(warn, needle)                                                                  \
     do {                                                                                          \

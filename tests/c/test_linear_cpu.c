@@ -53,16 +53,7 @@ awq_status awq_cpu_linear_narrow(const awq_linear_problem *p, const awq_config *
 #define HAVE_MXCSR 1
 #endif
 
-static int failures, checks;
-
-#define CHECK(cond)                                                                               \
-    do {                                                                                          \
-        checks++;                                                                                 \
-        if (!(cond)) {                                                                            \
-            failures++;                                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
-        }                                                                                         \
-    } while (0)
+#include "check.h"
 
 /* ---- random numbers (splitmix64) ---- */
 
