@@ -547,6 +547,8 @@ def test_quantize_model_calibration_errors_leave_the_model_untouched():
             ({"a": torch.randn(4, 64)}, TypeError, "got a single dict: wrap it in a list"),
             ([], ValueError, "calibration must yield at least one model input"),
             ([torch.randn(4, 64), torch.randn(4, 63)], RuntimeError, "shapes cannot be"),
+            ([torch.full((4, 64), float("inf"))], ValueError,
+             "^up cannot be quantized: hessian must be finite"),
     ):
         model = fresh()
         before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -323,16 +323,23 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
         logger.info("quantize_model: %d calibration inputs, %d layers calibrated",
                     items, len(hessians))
 
+    # Every layer is built before the first one is replaced: a layer that cannot be
+    # quantized leaves the model as it was.
     new: dict = {}
     for name, module in linears:
-        if id(module) not in new:
-            new[id(module)] = None if chosen[id(module)] is None else AWQLinear.from_linear(
-                module, G, hessian=hessians.pop(id(module), None)).train(module.training)
-        if new[id(module)] is not None:
+        if id(module) in new or chosen[id(module)] is None:
+            continue
+        try:
+            layer = AWQLinear.from_linear(module, G, hessian=hessians.pop(id(module), None))
+        except ValueError as e:
+            raise ValueError(f"{name} cannot be quantized: {e}") from e
+        new[id(module)] = layer.train(module.training)
+    for name, module in linears:
+        if id(module) in new:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, new[id(module)])
 
-    replaced = sum(layer is not None for layer in new.values())
+    replaced = len(new)
     for name, reason in skipped:
         logger.info("quantize_model: %s left dense: %s", name, reason)
     logger.info("quantize_model: %d nn.Linear layers quantized (group_size %d), %d left dense",
