@@ -249,8 +249,8 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
         or a torch tensor.
     group_size : G, which must divide K; -1 or None for per-channel (G = K).
     hessian : None, or a float [K, K] array (NumPy or torch): X^T X summed over
-        inputs x (rows of X, length K) of the layer, y = x @ weight. Any positive
-        multiple gives the same result.
+        inputs x (rows of X, length K) of the layer, y = x @ weight; a positive
+        multiple of it (2 X^T X, a mean over inputs) serves as well.
     damp : with hessian, the share of the mean of its diagonal added to the
         diagonal (a real number >= 0), which keeps the inverse well conditioned.
 
@@ -269,9 +269,10 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
     |w - (q - zero) * scale| <= scale / 2 up to float32 rounding.
 
     With hessian (GPTQ, Frantar et al. 2022) the rows are quantized in order,
-    k = 0 .. K-1, and the rounding error of row k is spread over the rows not yet
-    quantized along the inverse of H = hessian + damp * mean(diag) * I, which
-    minimizes the growth of ||X weight - X W_q||^2 that each step causes. A
+    k = 0 .. K-1, and the rounding error of row k is fed into the rows not yet
+    quantized along the inverse of H = hessian + damp * mean(diag) * I: the change
+    of those rows that best cancels it in X weight, which keeps ||X weight -
+    X W_q|| small. A
     group's grid is taken from its rows as they stand when the group starts
     (original values plus the errors fed into them); within the group, rounding
     is as above, but a value pushed outside the grid is clamped to its end.
