@@ -220,28 +220,97 @@ def _round_up_to_storage(scale: np.ndarray, kind: str):
     return bits, (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def quantize(weight, group_size=128):
-    """Asymmetric 4-bit min-max quantization of weight [K, N] to the AWQ layout.
+def _grid(lo, hi, scale_kind: str):
+    """(stored scales, their exact float32 value, zero points as float32) of the
+    groups whose float32 range, widened to include 0, is [lo, hi]."""
+    width = hi - lo
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.where(
+            width > 0,
+            # a range so narrow that width / 15 underflows still gets a nonzero scale
+            np.maximum(width / np.float32(15), np.finfo(np.float32).tiny),
+            np.float32(1),
+        ).astype(np.float32)
+        stored, step = _round_up_to_storage(scale, scale_kind)
+    if not np.isfinite(step).all():  # width overflowed, or the stored type did
+        raise ValueError(
+            f"weight has a range too wide for {scale_kind} scales "
+            f"(max - min > 15 * the largest {scale_kind})"
+        )
+    return stored, step, np.clip(np.rint(-lo / step), 0, 15)
+
+
+def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
+    """Asymmetric 4-bit quantization of weight [K, N] to the AWQ layout: min-max
+    rounding, or GPTQ rounding when the layer's input statistics are given.
 
     weight : float16, bfloat16, float32 or float64 [K, N] (K = in_features rows,
         N = out_features columns, a multiple of 8); NumPy (bfloat16 via ml_dtypes)
         or a torch tensor.
     group_size : G, which must divide K; -1 or None for per-channel (G = K).
+    hessian : None, or a float [K, K] array (NumPy or torch): X^T X summed over
+        inputs x (rows of X, length K) of the layer, y = x @ weight; a positive
+        multiple of it (2 X^T X, a mean over inputs) serves as well.
+    damp : with hessian, the share of the mean of its diagonal added to the
+        diagonal (a real number >= 0), which keeps the inverse well conditioned.
 
     Returns (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N]),
     NumPy arrays, or torch CPU tensors when weight is a tensor. scales have the
     weight's type (float16 for float64 weights).
 
-    Per group of G rows and per column, in float32: the range [lo, hi] is the
-    min and max of the group widened to include 0, so that every group, even one
-    of all-positive weights, is representable; scale = (hi - lo) / 15, rounded up
-    to the scales' type (1 for an all-zero group); zero = clamp(round(-lo / scale),
-    0, 15); q = clamp(round(w / scale) + zero, 0, 15), rounding half to even.
-    Then |w - (q - zero) * scale| <= scale / 2 up to float32 rounding.
+    Every group of G rows and each column gets one grid, in float32: the range
+    [lo, hi] of the group's values widened to include 0, so that every group,
+    even one of all-positive weights, is representable; scale = (hi - lo) / 15,
+    rounded up to the scales' type (1 for an all-zero group); zero =
+    clamp(round(-lo / scale), 0, 15). A value w becomes q = clamp(round(w / scale)
+    + zero, 0, 15), rounding half to even.
+
+    Without hessian (min-max rounding) the values are the weights themselves, so
+    |w - (q - zero) * scale| <= scale / 2 up to float32 rounding.
+
+    With hessian (GPTQ, Frantar et al. 2022) the rows are quantized in order,
+    k = 0 .. K-1, and the rounding error of row k is fed into the rows not yet
+    quantized along the inverse of H = hessian + damp * mean(diag) * I: the change
+    of those rows that best cancels it in X weight, which keeps ||X weight -
+    X W_q|| small. A
+    group's grid is taken from its rows as they stand when the group starts
+    (original values plus the errors fed into them); within the group, rounding
+    is as above, but a value pushed outside the grid is clamped to its end.
+    Inputs that are always zero (a zero diagonal entry) are rounded to nearest.
+    Rows are never reordered, so the groups stay those of the AWQ layout. A
+    diagonal hessian feeds no error anywhere and gives exactly the min-max
+    result. H is symmetrized and factored in float64; the updates run in float32
+    through BLAS, so their last bits can depend on the BLAS build.
     """
     w, scale_kind, torch = _weight_matrix(weight)
     K, N = w.shape
     G = _check_group_size(group_size, K)
+    damp = _check_damp(damp)
+    if hessian is None:
+        qweight, qzeros, stored = _min_max(w, G, scale_kind)
+    else:
+        h = _hessian_matrix(hessian, K)
+        if not np.isfinite(w).all():
+            raise ValueError("weight must be finite; it holds NaN or infinity")
+        qweight, qzeros, stored = _gptq(w, G, scale_kind, _inverse_factor(h, damp))
+
+    if torch is not None:
+        if scale_kind == "bfloat16":
+            scales = torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16)
+        else:
+            scales = torch.from_numpy(stored)
+        return torch.from_numpy(qweight), torch.from_numpy(qzeros), scales
+    if scale_kind == "bfloat16":
+        # A NumPy bfloat16 weight means ml_dtypes is installed.
+        import ml_dtypes
+
+        stored = stored.view(ml_dtypes.bfloat16)
+    return qweight, qzeros, stored
+
+
+def _min_max(w: np.ndarray, G: int, scale_kind: str):
+    """(qweight, qzeros, stored scales) of min-max rounding."""
+    K, N = w.shape
     n_groups = K // G
 
     # Pass 1: per-group range. Starting both bounds at 0 widens it to include 0.
@@ -257,21 +326,7 @@ def quantize(weight, group_size=128):
 
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         raise ValueError("weight must be finite; it holds NaN or infinity")
-    width = hi - lo
-    with np.errstate(over="ignore", invalid="ignore"):
-        scale = np.where(
-            width > 0,
-            # a range so narrow that width / 15 underflows still gets a nonzero scale
-            np.maximum(width / np.float32(15), np.finfo(np.float32).tiny),
-            np.float32(1),
-        ).astype(np.float32)
-        stored, step = _round_up_to_storage(scale, scale_kind)
-    if not np.isfinite(step).all():  # width overflowed, or the stored type did
-        raise ValueError(
-            f"weight has a range too wide for {scale_kind} scales "
-            f"(max - min > 15 * the largest {scale_kind})"
-        )
-    zero = np.clip(np.rint(-lo / step), 0, 15)
+    stored, step, zero = _grid(lo, hi, scale_kind)
 
     # Pass 2: 4-bit values, packed block by block.
     qweight = np.empty((K, N // 8), dtype=np.int32)
@@ -280,17 +335,113 @@ def quantize(weight, group_size=128):
         block = w[k0:k1].astype(np.float32)
         q = np.clip(np.rint(block / step[group]) + zero[group], 0, 15)
         qweight[k0:k1] = _pack_nibbles(q.astype(np.uint8))
-    qzeros = _pack_nibbles(zero.astype(np.uint8))
+    return qweight, _pack_nibbles(zero.astype(np.uint8)), stored
 
-    if torch is not None:
-        if scale_kind == "bfloat16":
-            scales = torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16)
-        else:
-            scales = torch.from_numpy(stored)
-        return torch.from_numpy(qweight), torch.from_numpy(qzeros), scales
-    if scale_kind == "bfloat16":
-        # A NumPy bfloat16 weight means ml_dtypes is installed.
-        import ml_dtypes
 
-        stored = stored.view(ml_dtypes.bfloat16)
-    return qweight, qzeros, stored
+# --- GPTQ rounding ---------------------------------------------------------------
+
+# Rows quantized between two updates of the rows after them (GPTQ's lazy batch):
+# the error of a block reaches the rest of the matrix in one matrix product.
+_GPTQ_BLOCK = 128
+
+# hessian must be symmetric up to the rounding of its accumulation (x.T @ x in
+# float32 is not always exactly symmetric); a larger asymmetry is a wrong argument.
+_SYMMETRY_TOLERANCE = 1e-3
+
+
+def _check_damp(damp) -> float:
+    if isinstance(damp, bool) or not isinstance(damp, (int, float, np.integer, np.floating)):
+        raise TypeError(f"damp must be a real number >= 0; got {type(damp).__name__}")
+    value = float(damp)
+    if not (value >= 0 and np.isfinite(value)):
+        raise ValueError(f"damp must be a finite number >= 0; got {damp!r}")
+    return value
+
+
+def _hessian_matrix(hessian, K: int) -> np.ndarray:
+    """hessian as a symmetric float64 [K, K] NumPy array, or an exception naming it."""
+    arr, _, _ = _matrix(hessian, "hessian", "a float16, bfloat16, float32 or float64 array",
+                        _FLOAT_NAMES)
+    if arr.shape != (K, K):
+        raise ValueError(f"hessian must have shape [K, K] = [{K}, {K}] for a weight of {K} "
+                         f"rows; got shape {arr.shape}")
+    h = arr.astype(np.float64)  # a copy: the caller's array is never written
+    if not np.isfinite(h).all():
+        raise ValueError("hessian must be finite; it holds NaN or infinity")
+    diag = np.diagonal(h)
+    if (diag < 0).any():
+        k = int(np.argmax(diag < 0))
+        raise ValueError(f"hessian must be X^T X of the layer's inputs, whose diagonal is >= 0; "
+                         f"got {float(diag[k])!r} at [{k}, {k}]")
+    asymmetry = np.abs(h - h.T).max(initial=0.0)
+    if asymmetry > _SYMMETRY_TOLERANCE * diag.max(initial=0.0):
+        raise ValueError(f"hessian must be symmetric (X^T X of the layer's inputs); got "
+                         f"|H - H^T| up to {asymmetry:.6g} for a diagonal up to "
+                         f"{diag.max(initial=0.0):.6g}")
+    h += h.T
+    h *= 0.5
+    return h
+
+
+def _inverse_factor(h: np.ndarray, damp: float) -> np.ndarray:
+    """The upper triangular U with U^T U = (h + damp * mean(diag h) * I)^-1, float64.
+
+    Row k of U, divided by U[k, k], is how the rounding error of row k of the
+    weight is spread over rows k+1.. (entries before k are 0): the rows after k
+    absorb it as well as X^T X allows, with rows 0..k held fixed. h is overwritten."""
+    K = h.shape[0]
+    diag = np.diagonal(h).copy()
+    mean = diag.mean() if K else 0.0
+    # An input that is always zero has a zero row and column; a positive diagonal
+    # entry makes H invertible there and decouples that row from the others.
+    dead = np.flatnonzero(diag == 0)
+    h[dead, dead] = 1.0
+    h[np.diag_indices(K)] += damp * mean
+    # With J the row reversal, J H J = M M^T (Cholesky, M lower triangular) gives
+    # H^-1 = U^T U for U = J M^-1 J, which is upper triangular: one factorization
+    # and one inverse instead of inverting H and factoring the inverse.
+    try:
+        lower = np.linalg.cholesky(h[::-1, ::-1])
+    except np.linalg.LinAlgError:
+        raise ValueError(
+            f"hessian + damp * mean(diag) * I is not positive definite (damp={damp}); hessian "
+            f"must be X^T X of the layer's inputs; a larger damp helps when it is nearly "
+            f"singular") from None
+    return np.ascontiguousarray(np.linalg.inv(lower)[::-1, ::-1])
+
+
+def _gptq(w: np.ndarray, G: int, scale_kind: str, U: np.ndarray):
+    """(qweight, qzeros, stored scales) of GPTQ rounding along the factor U."""
+    K, N = w.shape
+    n_groups = K // G
+    W = w.astype(np.float32)  # a copy, updated with the errors of the rows above
+    U32 = U.astype(np.float32)
+    q = np.empty((K, N), dtype=np.uint8)
+    stored = np.empty((n_groups, N), dtype=np.float16 if scale_kind == "float16" else
+                      np.uint16 if scale_kind == "bfloat16" else np.float32)
+    zeros = np.empty((n_groups, N), dtype=np.uint8)
+    # Every group starts a block, so that when its grid is taken every row of the
+    # group holds the errors of all the rows before it.
+    size = G if G <= _GPTQ_BLOCK else _GPTQ_BLOCK
+    errors = np.empty((size, N), dtype=np.float32)
+    for g0 in range(0, K, G):
+        g = g0 // G
+        rows = W[g0:g0 + G]
+        lo = np.minimum(rows.min(axis=0), np.float32(0))[None]
+        hi = np.maximum(rows.max(axis=0), np.float32(0))[None]
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+            raise ValueError("the rounding errors grew without bound (hessian nearly "
+                             "singular); raise damp")
+        stored[g], step, zero = (a[0] for a in _grid(lo, hi, scale_kind))
+        zeros[g] = zero
+        for b0 in range(g0, g0 + G, size):
+            b1 = min(b0 + size, g0 + G)
+            for k in range(b0, b1):
+                # The errors of this block's rows before k (the earlier blocks' are in W).
+                row = W[k] - U32[b0:k, k] @ errors[:k - b0] if k > b0 else W[k]
+                qk = np.clip(np.rint(row / step) + zero, 0, 15)
+                errors[k - b0] = (row - (qk - zero) * step) / U32[k, k]
+                q[k] = qk
+            if b1 < K:
+                W[b1:] -= U32[b0:b1, b1:].T @ errors[:b1 - b0]
+    return _pack_nibbles(q), _pack_nibbles(zeros), stored

@@ -6,7 +6,7 @@ import pytest
 
 from awq_fast_dequant import quant, reference
 
-from conftest import WORKED_Q, WORKED_QWEIGHT, WORKED_QZEROS, WORKED_Z, words
+from conftest import WORKED_Q, WORKED_QWEIGHT, WORKED_QZEROS, WORKED_Z, np_dtype, words
 
 
 # --- pack / unpack ---------------------------------------------------------
@@ -193,6 +193,234 @@ def test_quantize_torch_returns_torch():
         check_round_trip(weight.to(dtype).float().numpy(), qweight.numpy(), qzeros.numpy(),
                          scales, 32)
 
+
+
+# --- quantize with a hessian (GPTQ rounding) --------------------------------
+
+
+def correlated_inputs(rng, T, K):
+    """T inputs of K features whose energy sits in a few shared directions, as the
+    inputs of a trained layer's do."""
+    mix = np.eye(K) + rng.standard_normal((K, K)) / np.sqrt(K)
+    loud = 4 * rng.standard_normal((8, K))
+    return rng.standard_normal((T, K)) @ mix + rng.standard_normal((T, 8)) @ loud
+
+
+def dequantized(result, G):
+    return reference.dequantize(*result, group_size=G, out_dtype="float32").astype(np.float64)
+
+
+def plain_gptq(w, G, H, damp):
+    """q [K, N] of GPTQ written as the paper states it: float64, one row at a time,
+    each row's error fed into every later row at once, U the upper Cholesky factor
+    of the inverse of the damped H, each group's grid taken when the group starts."""
+    K, N = w.shape
+    H = H + damp * np.mean(np.diag(H)) * np.eye(K)
+    U = np.linalg.cholesky(np.linalg.inv(H)).T
+    W = w.astype(np.float64)
+    q = np.empty((K, N))
+    for k in range(K):
+        if k % G == 0:
+            rows = W[k:k + G].astype(np.float32)
+            lo = np.minimum(rows.min(axis=0), 0)[None]
+            hi = np.maximum(rows.max(axis=0), 0)[None]
+            _, step, zero = (a[0].astype(np.float64) for a in quant._grid(lo, hi, "float32"))
+        q[k] = np.clip(np.rint(W[k] / step) + zero, 0, 15)
+        error = (W[k] - (q[k] - zero) * step) / U[k, k]
+        W[k + 1:] -= np.outer(U[k, k + 1:], error)
+    return q
+
+
+@pytest.mark.parametrize("G", [32, 128, None])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_gptq_with_a_diagonal_hessian_is_min_max(G, dtype):
+    """A diagonal X^T X couples no two rows, so no error is fed anywhere: every
+    group keeps the grid of its original values and every value is rounded to
+    nearest, which is min-max rounding, bit for bit (inputs that are always zero,
+    damping or none)."""
+    rng = np.random.default_rng(20)
+    K, N = 256, 24
+    weight = (rng.standard_normal((K, N)) * 0.05).astype(np_dtype(dtype))
+    diagonal = rng.uniform(0, 3, K)
+    diagonal[::7] = 0
+    want = quant.quantize(weight, group_size=G)
+    for hessian, damp in ((np.eye(K), 0.01), (np.diag(diagonal), 0.01), (np.diag(diagonal), 0)):
+        got = quant.quantize(weight, group_size=G, hessian=hessian, damp=damp)
+        for x, y in zip(got, want):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+
+
+def test_gptq_feeds_a_rows_error_into_the_next():
+    """K = 2, one group: row 0 is rounded to nearest on the min-max grid; row 1 is
+    then rounded from w1 + (H01 / H11) * (w0 - deq0), the value that minimizes
+    ||X (w - deq)|| with row 0 fixed."""
+    rng = np.random.default_rng(21)
+    weight = rng.standard_normal((2, 64)).astype(np.float32)
+    H = np.array([[2.0, 0.9], [0.9, 1.0]])
+    _, qzeros, scales = quant.quantize(weight, group_size=2)
+    step, zero = scales[0].astype(np.float64), quant.unpack(qzeros)[0].astype(np.float64)
+    q0 = np.clip(np.rint(weight[0] / step) + zero, 0, 15)
+    target = weight[1] + 0.9 / 1.0 * (weight[0] - (q0 - zero) * step)
+    q1 = np.clip(np.rint(target / step) + zero, 0, 15)
+
+    qweight, got_zeros, got_scales = quant.quantize(weight, group_size=2, hessian=H, damp=0)
+    np.testing.assert_array_equal(got_zeros, qzeros)  # the group starts before any error
+    np.testing.assert_array_equal(got_scales, scales)
+    np.testing.assert_array_equal(quant.unpack(qweight), np.stack([q0, q1]))
+    assert (q1 != np.clip(np.rint(weight[1] / step) + zero, 0, 15)).any()  # the feedback acted
+
+
+@pytest.mark.parametrize("G", [32, 128, 384])
+def test_gptq_blocks_agree_with_the_row_by_row_algorithm(G):
+    """The lazy block updates (groups of 32 in blocks of one group, G = 384 in
+    blocks of 128) give the values of the plain algorithm, up to the rare value
+    whose float32 and float64 errors fall on either side of a rounding boundary."""
+    rng = np.random.default_rng(22)
+    K, N = 384, 48
+    X = correlated_inputs(rng, 1024, K)
+    weight = (rng.standard_normal((K, N)) * 0.05).astype(np.float32)
+    H = X.T @ X
+    got = quant.quantize(weight, group_size=G, hessian=H)
+    want = plain_gptq(weight, G, H, 0.01)
+    assert (quant.unpack(got[0]) == want).mean() > 0.99
+    error = np.linalg.norm(X @ (weight - dequantized(got, G)))
+    zeros = np.repeat(quant.unpack(got[1]), G, axis=0)
+    steps = np.repeat(got[2].astype(np.float64), G, axis=0)
+    want_error = np.linalg.norm(X @ (weight - (want - zeros) * steps))
+    assert abs(error / want_error - 1) < 0.02
+
+
+@pytest.mark.parametrize("G", [32, 128, 256])
+def test_gptq_reduces_the_output_error_of_min_max(G):
+    """||X W - X W_q|| falls well below min-max's, on the inputs H came from and on
+    other inputs of the same distribution."""
+    rng = np.random.default_rng(23)
+    K, N = 256, 64
+    X, X_new = np.split(correlated_inputs(rng, 4096, K), 2)
+    weight = (rng.standard_normal((K, N)) * 0.05).astype(np.float32)
+    min_max = weight - dequantized(quant.quantize(weight, group_size=G), G)
+    gptq = weight - dequantized(quant.quantize(weight, group_size=G, hessian=X.T @ X), G)
+    assert np.linalg.norm(X @ gptq) < 0.75 * np.linalg.norm(X @ min_max)
+    assert np.linalg.norm(X_new @ gptq) < 0.8 * np.linalg.norm(X_new @ min_max)
+
+
+def test_gptq_grids_stay_in_range_under_strong_feedback():
+    """Nearly collinear inputs feed large errors forward, past the range of the
+    original weights; every group still gets a positive finite scale (float16,
+    rounded up as min-max's) and a zero point in 0..15, the first group the
+    min-max grid (no error reaches it before it starts), and edge groups (zero,
+    constant, one-signed, tiny) give finite values."""
+    rng = np.random.default_rng(25)
+    K, N, G = 128, 16, 32
+    base = rng.standard_normal((4096, 4))
+    X = base @ rng.standard_normal((4, K)) + 1e-3 * rng.standard_normal((4096, K))
+    weight = rng.standard_normal((K, N)).astype(np.float16)
+    weight[:, 0] = 0
+    weight[:, 1] = 0.75
+    weight[:, 2] = rng.uniform(1.0, 1.1, K)
+    weight[:, 3] = -rng.uniform(2.0, 3.0, K)
+    weight[:, 4] = rng.uniform(-1e-6, 1e-6, K)
+    qweight, qzeros, scales = quant.quantize(weight, group_size=G, hessian=X.T @ X)
+    assert scales.dtype == np.float16 and scales.shape == (K // G, N)
+    assert np.isfinite(scales).all() and (scales > 0).all()
+    zeros = quant.unpack(qzeros)
+    assert zeros.max() <= 15
+    _, min_max_zeros, min_max_scales = quant.quantize(weight[:G], group_size=G)
+    np.testing.assert_array_equal(qzeros[0], min_max_zeros[0])
+    np.testing.assert_array_equal(scales[0], min_max_scales[0])
+    deq = dequantized((qweight, qzeros, scales), G)
+    assert np.isfinite(deq).all()
+    assert (deq[:G, 0] == 0).all()  # the first all-zero group, before any feedback
+    # the feedback moved values beyond min-max's grid in later groups
+    later = np.repeat(scales[1:].astype(np.float64), G, axis=0)
+    assert (np.abs(weight[G:] - deq[G:]) > later / 2 * 1.001).any()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_gptq_returns_what_min_max_returns(dtype):
+    rng = np.random.default_rng(26)
+    K, N, G = 64, 16, 32
+    X = correlated_inputs(rng, 256, K)
+    weight = (rng.standard_normal((K, N)) * 0.05).astype(np_dtype(dtype))
+    for hessian in (X.T @ X, (X.T @ X).astype(np.float32)):
+        for got, want in zip(quant.quantize(weight, group_size=G, hessian=hessian),
+                             quant.quantize(weight, group_size=G)):
+            assert type(got) is type(want)
+            assert got.dtype == want.dtype and got.shape == want.shape
+
+
+def test_gptq_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(27)
+    X = correlated_inputs(rng, 256, 64)
+    H = X.T @ X
+    weight = torch.from_numpy((rng.standard_normal((64, 16)) * 0.05).astype(np.float32))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        got = quant.quantize(weight.to(dtype), group_size=32, hessian=torch.from_numpy(H))
+        want = quant.quantize(weight.to(dtype), group_size=32)
+        for g, w in zip(got, want):
+            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
+        # a tensor hessian is read like the NumPy array
+        from_numpy = quant.quantize(weight.to(dtype), group_size=32, hessian=H)
+        for g, n in zip(got, from_numpy):
+            assert torch.equal(g, n)
+
+
+def test_gptq_rejects_bad_hessians_and_damping_and_writes_nothing():
+    rng = np.random.default_rng(28)
+    K = 64
+    weight = rng.standard_normal((K, 8)).astype(np.float32)
+    X = correlated_inputs(rng, 256, K)
+    H = X.T @ X
+    before_w, before_h = weight.copy(), H.copy()
+    with pytest.raises(ValueError, match=r"^hessian must have shape \[K, K\] = \[64, 64\]"):
+        quant.quantize(weight, group_size=32, hessian=H[:32, :32])
+    with pytest.raises(ValueError, match="^hessian must be 2-D"):
+        quant.quantize(weight, group_size=32, hessian=np.ones(K))
+    with pytest.raises(TypeError, match="^hessian must be a float16, bfloat16, float32 or "
+                                        "float64 array; got int64"):
+        quant.quantize(weight, group_size=32, hessian=np.eye(K, dtype=np.int64))
+    bad = H.copy()
+    bad[3, 5] = bad[5, 3] = np.nan
+    with pytest.raises(ValueError, match="^hessian must be finite"):
+        quant.quantize(weight, group_size=32, hessian=bad)
+    bad = H.copy()
+    bad[7, 7] = -1
+    with pytest.raises(ValueError, match=r"diagonal is >= 0; got -1.0 at \[7, 7\]"):
+        quant.quantize(weight, group_size=32, hessian=bad)
+    bad = H.copy()
+    bad[0, 1] += 0.1 * H[0, 0]
+    with pytest.raises(ValueError, match="^hessian must be symmetric"):
+        quant.quantize(weight, group_size=32, hessian=bad)
+    indefinite = np.eye(K)
+    indefinite[0, 1] = indefinite[1, 0] = 2  # [[1, 2], [2, 1]] has the eigenvalue -1
+    with pytest.raises(ValueError, match="not positive definite .*damp=0.0"):
+        quant.quantize(weight, group_size=32, hessian=indefinite, damp=0)
+    for damp in (-0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"^damp must be a finite number >= 0; got {damp}"):
+            quant.quantize(weight, group_size=32, hessian=H, damp=damp)
+    for damp in ("0.01", True, None):
+        with pytest.raises(TypeError, match=f"^damp must be a real number >= 0; got "
+                                            f"{type(damp).__name__}"):
+            quant.quantize(weight, group_size=32, hessian=H, damp=damp)
+    nan_weight = weight.copy()
+    nan_weight[2, 2] = np.nan
+    with pytest.raises(ValueError, match="^weight must be finite"):
+        quant.quantize(nan_weight, group_size=32, hessian=H)
+    np.testing.assert_array_equal(weight, before_w)
+    np.testing.assert_array_equal(H, before_h)
+    quant.quantize(weight, group_size=32, hessian=H)  # a good call writes nothing either
+    np.testing.assert_array_equal(weight, before_w)
+    np.testing.assert_array_equal(H, before_h)
+
+
+def test_gptq_of_an_all_zero_hessian_is_min_max():
+    """A layer that saw only zeros (or nothing) has every input dead."""
+    weight = np.random.default_rng(29).standard_normal((64, 8)).astype(np.float32)
+    for got, want in zip(quant.quantize(weight, group_size=32, hessian=np.zeros((64, 64))),
+                         quant.quantize(weight, group_size=32)):
+        np.testing.assert_array_equal(got, want)
 
 
 # --- inputs every function refuses the same way ----------------------------

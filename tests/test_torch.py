@@ -477,6 +477,89 @@ def test_quantize_model_errors():
         quantize_model(nn.Sequential(nn.Linear(128, 64)), group_size=0)
 
 
+
+class TwoInputs(nn.Module):
+    """up(a) + side(b), then down: calibration items reach forward(a, b)."""
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.side = nn.Linear(32, 96, bias=False)
+        self.down = nn.Linear(96, 16)
+        self.unused = nn.Linear(64, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, a, b=None):
+        h = self.up(a) if b is None else self.up(a) + self.side(b)
+        return self.down(torch.relu(self.drop(h)))
+
+
+def hessian_of(inputs):
+    """X^T X accumulated as quantize_model does: float32, one item after another."""
+    total = None
+    for x in inputs:
+        x = x.reshape(-1, x.shape[-1]).float()
+        total = x.T @ x if total is None else total.addmm_(x.T, x)
+    return total
+
+
+def test_quantize_model_calibration_is_gptq_of_each_layers_dense_inputs(caplog):
+    torch.manual_seed(0)
+    model = TwoInputs()
+    dense = TwoInputs()
+    dense.load_state_dict(model.state_dict())
+    a = [torch.randn(2, 5, 64), torch.randn(7, 64), torch.randn(3, 64)]
+    b = [torch.randn(2, 5, 32), torch.randn(7, 32), None]
+    calibration = [{"a": a[0], "b": b[0]}, (a[1], b[1]), a[2]]  # mapping, tuple, tensor
+    model.train()
+    with caplog.at_level(logging.INFO, logger="awq_fast_dequant"):
+        assert quantize_model(model, 32, calibration=calibration) == []
+    dense.eval()  # calibration runs in eval mode: no dropout
+    with torch.no_grad():
+        h = [dense.up(x) if y is None else dense.up(x) + dense.side(y) for x, y in zip(a, b)]
+    expected = {
+        "up": hessian_of(a), "side": hessian_of(b[:2]),
+        "down": hessian_of([torch.relu(x) for x in h]),  # the unquantized model's activations
+        "unused": None,  # never called: min-max
+    }
+    for name, hessian in expected.items():
+        layer, linear = getattr(model, name), getattr(dense, name)
+        want = AWQLinear.from_linear(linear, 32, hessian=hessian)
+        for buffer in ("qweight", "qzeros", "scales"):
+            assert torch.equal(getattr(layer, buffer), getattr(want, buffer)), (name, buffer)
+    plain = AWQLinear.from_linear(dense.up, 32)
+    assert not torch.equal(model.up.qweight, plain.qweight)  # the statistics were used
+    assert "unused received no calibration input" in caplog.text
+    assert "3 calibration inputs, 3 layers calibrated" in caplog.text
+    # each module's mode is back, and no hook is left behind
+    assert all(m.training for m in model.modules())
+    assert all(not m._forward_pre_hooks for m in dense.modules())
+    assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+def test_quantize_model_calibration_errors_leave_the_model_untouched():
+    def fresh():
+        torch.manual_seed(0)
+        return TwoInputs().train()
+
+    for calibration, error, message in (
+            (5, TypeError, "calibration must be an iterable of model inputs .*got int"),
+            (torch.randn(4, 64), TypeError, "got a single Tensor: wrap it in a list"),
+            ({"a": torch.randn(4, 64)}, TypeError, "got a single dict: wrap it in a list"),
+            ([], ValueError, "calibration must yield at least one model input"),
+            ([torch.randn(4, 64), torch.randn(4, 63)], RuntimeError, "shapes cannot be"),
+            ([torch.full((4, 64), float("inf"))], ValueError,
+             "^up cannot be quantized: hessian must be finite"),
+    ):
+        model = fresh()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(error, match=message):
+            quantize_model(model, 32, calibration=calibration)
+        assert all(type(m) is nn.Linear for m in (model.up, model.side, model.down))
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert all(m.training for m in model.modules())
+        assert all(not m._forward_pre_hooks for m in model.modules())
+
+
 # --- CUDA ---------------------------------------------------------------------
 
 @cuda

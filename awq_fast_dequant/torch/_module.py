@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import re
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -111,11 +112,13 @@ class AWQLinear(nn.Module):
         return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> "AWQLinear":
-        """Quantize an nn.Linear (awq_fast_dequant.quantize: asymmetric min-max,
-        every weight within half a step of the original) into an AWQLinear on
-        the same device. scales and bias get the weight's dtype (float16 for a
-        float64 weight)."""
+    def from_linear(cls, linear: nn.Linear, group_size: int = 128, *,
+                    hessian=None) -> "AWQLinear":
+        """Quantize an nn.Linear with awq_fast_dequant.quantize into an AWQLinear
+        on the same device: asymmetric min-max, every weight within half a step
+        of the original, or, given hessian (X^T X of the layer's inputs,
+        [in_features, in_features]), GPTQ rounding. scales and bias get the
+        weight's dtype (float16 for a float64 weight)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
         weight = linear.weight
@@ -126,7 +129,8 @@ class AWQLinear(nn.Module):
         if N % 8:
             raise ValueError(f"linear.out_features must be a multiple of 8; got {N}")
         G = _resolve_group_size(group_size, K)
-        qweight, qzeros, scales = _afd.quantize(weight.detach().t(), group_size=G)
+        qweight, qzeros, scales = _afd.quantize(weight.detach().t(), group_size=G,
+                                                hessian=hessian)
         device = weight.device
         bias = None
         if linear.bias is not None:
@@ -247,16 +251,29 @@ def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> s
     return None
 
 
-def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",)) -> list:
+def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
+                   calibration=None) -> list:
     """Replace, in place, every nn.Linear of `model` that fits the AWQ format
-    (in_features a multiple of G, out_features a multiple of 8) by
-    ``AWQLinear.from_linear(linear, group_size)``.
+    (in_features a multiple of G, out_features a multiple of 8) by an AWQLinear
+    (``AWQLinear.from_linear``).
 
     skip: names or patterns of modules to leave dense (default: ``lm_head``,
     which AWQ checkpoints keep dense). A string skips every module whose dotted
     name contains it, as ``modules_to_not_convert`` does; a compiled regular
     expression skips the names it matches (re.search). group_size -1 means one
     group per layer.
+
+    calibration: None (each layer rounded to its min-max grid), or an iterable
+    of model inputs, each run as ``model(**item)`` for a mapping,
+    ``model(*item)`` for a tuple or list and ``model(item)`` otherwise, under
+    torch.no_grad() with the model in eval mode (each module's mode is restored
+    afterwards). Every layer to quantize records X^T X of the inputs it receives
+    (float32, one [in_features, in_features] matrix per layer, on the layer's
+    device), and is then rounded by GPTQ with it (awq_fast_dequant.quantize's
+    hessian). All statistics come from the unquantized model, in one pass over
+    the data. Every position of every input counts: pass unpadded sequences
+    (padding positions would count as text). A layer that the calibration never
+    reaches is rounded to its min-max grid (and logged).
 
     Also left dense: subclasses of nn.Linear (their forward may differ),
     layers whose weight is tied to another module's, and layers on the meta
@@ -273,6 +290,8 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",)) -
                         "use AWQLinear.from_linear(model, group_size)")
     G = -1 if group_size is None or group_size == -1 else _positive(group_size, "group_size")
     match, skip_strings = _skip_matcher(skip)
+    if calibration is not None:
+        _check_calibration(calibration)
     shared = _shared_weights(model)
 
     linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
@@ -282,26 +301,105 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",)) -
     for name, m in linears:
         weight_names.setdefault(id(m), set()).add(f"{name}.weight")
 
-    skipped, replaced, new = [], 0, {}
+    skipped, chosen = [], {}
     for name, module in linears:
-        if id(module) not in new:
-            reason = _skip_reason(name, module, G, match, shared, weight_names[id(module)])
-            if reason is not None:
-                skipped.append((name, reason))
-                new[id(module)] = None
-                continue
-            new[id(module)] = AWQLinear.from_linear(module, G).train(module.training)
-            replaced += 1
-        if new[id(module)] is not None:
+        if id(module) in chosen:
+            continue
+        reason = _skip_reason(name, module, G, match, shared, weight_names[id(module)])
+        if reason is not None:
+            skipped.append((name, reason))
+            chosen[id(module)] = None
+        else:
+            chosen[id(module)] = module
+
+    hessians: dict = {}
+    if calibration is not None:
+        targets = {key: m for key, m in chosen.items() if m is not None}
+        hessians, items = _input_statistics(model, targets, calibration)
+        unreached = [name for name, m in linears
+                     if chosen[id(m)] is not None and id(m) not in hessians]
+        for name in unreached:
+            logger.info("quantize_model: %s received no calibration input; rounded to its "
+                        "min-max grid", name)
+        logger.info("quantize_model: %d calibration inputs, %d layers calibrated",
+                    items, len(hessians))
+
+    # Every layer is built before the first one is replaced: a layer that cannot be
+    # quantized leaves the model as it was.
+    new: dict = {}
+    for name, module in linears:
+        if id(module) in new or chosen[id(module)] is None:
+            continue
+        try:
+            layer = AWQLinear.from_linear(module, G, hessian=hessians.pop(id(module), None))
+        except ValueError as e:
+            raise ValueError(f"{name} cannot be quantized: {e}") from e
+        new[id(module)] = layer.train(module.training)
+    for name, module in linears:
+        if id(module) in new:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, new[id(module)])
 
+    replaced = len(new)
     for name, reason in skipped:
         logger.info("quantize_model: %s left dense: %s", name, reason)
     logger.info("quantize_model: %d nn.Linear layers quantized (group_size %d), %d left dense",
                 replaced, G, len(skipped))
     _describe_quantization(model, G, skip_strings, [name for name, _ in skipped])
     return skipped
+
+
+def _check_calibration(calibration) -> None:
+    # A lone input would be iterated: a dict by its keys, a tensor by its rows.
+    if isinstance(calibration, (torch.Tensor, Mapping)):
+        raise TypeError(f"calibration must be an iterable of model inputs; got a single "
+                        f"{type(calibration).__name__}: wrap it in a list ([inputs])")
+    try:
+        iter(calibration)
+    except TypeError:
+        raise TypeError(f"calibration must be an iterable of model inputs (mappings of "
+                        f"tensors, tuples or tensors); got {type(calibration).__name__}"
+                        ) from None
+
+
+def _input_statistics(model: nn.Module, targets: dict, calibration):
+    """({id(layer): X^T X of its inputs}, number of inputs run) for the layers in
+    targets (id -> nn.Linear), from running `calibration` through the model."""
+    sums: dict = {}
+
+    def record(layer, args, kwargs):
+        x = args[0] if args else kwargs["input"]
+        if not isinstance(x, torch.Tensor) or x.shape[-1:] != (layer.in_features,):
+            return  # the layer's own forward refuses it, in its own words
+        x = x.detach().reshape(-1, layer.in_features).float()
+        total = sums.get(id(layer))
+        if total is None:
+            sums[id(layer)] = x.T @ x
+        else:
+            total.addmm_(x.T, x)
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in targets.values()]
+    modes = [(m, m.training) for m in model.modules()]
+    items = 0
+    try:
+        model.eval()
+        with torch.no_grad():
+            for item in calibration:
+                if isinstance(item, Mapping):
+                    model(**item)
+                elif isinstance(item, (tuple, list)):
+                    model(*item)
+                else:
+                    model(item)
+                items += 1
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for m, training in modes:
+            m.training = training
+    if items == 0:
+        raise ValueError("calibration must yield at least one model input; it yielded none")
+    return sums, items
 
 
 def _describe_quantization(model: nn.Module, G: int, skip_strings, dense) -> None:
