@@ -11,8 +11,9 @@ and provides:
 
 - AWQLinear: an nn.Module with the buffers of AutoAWQ's WQLinear_GEMM
   (qweight, qzeros, scales, bias), whose forward is awq_fast_dequant.linear;
-- quantize_model(model, group_size=128, skip=("lm_head",)): every fitting
-  nn.Linear of a model replaced by an AWQLinear, in place;
+- quantize_model(model, group_size=128, skip=("lm_head",), calibration=None):
+  every fitting nn.Linear of a model replaced by an AWQLinear, in place,
+  rounded to nearest or, given calibration inputs, with error feedback;
 - load_pretrained(path, *, dtype=None, device=None): a Hugging Face AWQ
   checkpoint folder loaded into its transformers model (needs the 'hf' extra).
 """
