@@ -53,6 +53,43 @@ static inline int awq_cpu_thread_counts(int max, int *counts, int cap)
         counts[n++] = max;
     return n;
 }
+
+/* The search space both CPU kernels share: the backend default (threads =
+ * chunk = 0) first, then threads in {1, 2, 4, ... < max, max} (max =
+ * awq_cpu_max_threads()) times the given chunks, without chunks past the one
+ * that already covers extent and without more threads than work items
+ * (ceil(extent / chunk) * items_per_chunk).  An extent or items_per_chunk
+ * that is not positive gives the default alone.  Returns how many were
+ * written (at most cap). */
+static inline int awq_cpu_grid_candidates(const int64_t *chunks, int nchunks, int64_t extent,
+                                          int64_t items_per_chunk, awq_config *configs, int cap)
+{
+    if (!configs || cap <= 0)
+        return 0;
+    int n = 0;
+    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
+    if (extent <= 0 || items_per_chunk <= 0)
+        return n;
+
+    int threads[34];
+    const int nt = awq_cpu_thread_counts(awq_cpu_max_threads(), threads, 34);
+
+    for (int ti = 0; ti < nt; ti++) {
+        for (int ci = 0; ci < nchunks; ci++) {
+            if (ci > 0 && chunks[ci - 1] >= extent)
+                break; /* the previous chunk already held all of the extent */
+            int64_t items = (extent + chunks[ci] - 1) / chunks[ci] * items_per_chunk;
+            if (threads[ti] > 1 && threads[ti] > items)
+                continue; /* some threads would have nothing to do */
+            if (n == cap)
+                return n;
+            configs[n++] = (awq_config){
+                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
+        }
+    }
+    return n;
+}
+
 /* 1 when the AVX2 + F16C kernels run (the CPU has both, and
  * AWQ_FAST_DEQUANT_CPU_SCALAR is unset). */
 int awq_cpu_use_avx2(void);
@@ -60,19 +97,13 @@ const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "
 
 /* ---- tuning (cpu/tune.c) ---- */
 
-/* CPU search space: the backend default (threads = chunk = 0) first, then
- * threads in {1, 2, 4, ... < max, max} (max = awq_cpu_max_threads()) times
- * chunk in {8, 32, 128, 512} rows, without chunks past the one that already
- * covers K and without more threads than work items.  Returns how many
- * were written (at most cap). */
+/* dequantize's search space (awq_cpu_grid_candidates): chunk in {8, 32,
+ * 128, 512} rows of K. */
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
-/* The fused linear's search space (cpu/linear.c): the default (threads =
- * chunk = 0) first, then threads in {1, 2, 4, ... < max, max} times chunk
- * in {64, 128, 256, 512, 1024} columns, without chunks past the one that
- * already covers N and without more threads than work items.  Every
- * configuration gives the same bits.  Returns how many were written (at
- * most cap). */
+/* The fused linear's (cpu/linear.c): chunk in {64, 128, ..., 8192} columns
+ * of N, each for every block of rows of x.  Every configuration gives the
+ * same bits. */
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
 
 /* The ctx of awq_cpu_time: the problem (exactly one of p and lp) and how to

@@ -1140,29 +1140,8 @@ const char *awq_cpu_linear_simd(void)
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap)
 {
     static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
-    if (!configs || cap <= 0)
-        return 0;
-    int n = 0;
-    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
-    if (!p || p->N <= 0 || p->M <= 0)
-        return n;
-
-    int threads[34];
-    const int nt = awq_cpu_thread_counts(awq_cpu_max_threads(), threads, 34);
-
-    const int64_t blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
-    for (int ti = 0; ti < nt; ti++) {
-        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
-            if (ci > 0 && chunks[ci - 1] >= p->N)
-                break; /* the previous chunk already held all of N */
-            int64_t items = (p->N + chunks[ci] - 1) / chunks[ci] * blocks;
-            if (threads[ti] > 1 && threads[ti] > items)
-                continue; /* some threads would have nothing to do */
-            if (n == cap)
-                return n;
-            configs[n++] = (awq_config){
-                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
-        }
-    }
-    return n;
+    /* a work item is a chunk of N for one block of LINEAR_MB rows of x */
+    const int64_t blocks = p && p->M > 0 ? (p->M + LINEAR_MB - 1) / LINEAR_MB : 0;
+    return awq_cpu_grid_candidates(chunks, (int)(sizeof chunks / sizeof chunks[0]),
+                                   p ? p->N : 0, blocks, configs, cap);
 }

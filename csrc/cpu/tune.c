@@ -11,30 +11,8 @@
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
 {
     static const int64_t chunks[] = {8, 32, 128, 512};
-    if (!configs || cap <= 0)
-        return 0;
-    int n = 0;
-    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
-    if (!p || p->K <= 0)
-        return n;
-
-    int threads[34];
-    const int nt = awq_cpu_thread_counts(awq_cpu_max_threads(), threads, 34);
-
-    for (int ti = 0; ti < nt; ti++) {
-        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
-            if (ci > 0 && chunks[ci - 1] >= p->K)
-                break; /* the previous chunk already held all of K */
-            int64_t items = (p->K + chunks[ci] - 1) / chunks[ci];
-            if (threads[ti] > 1 && threads[ti] > items)
-                continue; /* some threads would have nothing to do */
-            if (n == cap)
-                return n;
-            configs[n++] = (awq_config){
-                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
-        }
-    }
-    return n;
+    return awq_cpu_grid_candidates(chunks, (int)(sizeof chunks / sizeof chunks[0]),
+                                   p ? p->K : 0, 1, configs, cap);
 }
 
 static double now_us(void)
