@@ -63,19 +63,26 @@ def records(impls: dict[str, Impl], warm: dict, raw: dict, bytes_: int, copy_gbp
     return recs
 
 
-def smart_pick(ctx, shape: Shape) -> dict | None:
-    """The autotune cache entry smart_dequantize uses for this layer, if any."""
+def cache_matches(ctx, **fields) -> list[dict]:
+    """The autotune cache's entries for the run's kind of device and this
+    build's kernels whose `fields` have the values given; [] when the cache
+    cannot be read."""
     from .. import build_info, cache_entries
 
     try:
         entries = cache_entries()
         gen = build_info()["kernel_generations"][ctx.kind]  # the entries this build uses
     except Exception:
-        return None
+        return []
+    cpu = ctx.kind == "cpu"
+    return [e for e in entries
+            if e.get("gen") == gen and str(e.get("device", "")).startswith("cpu") == cpu
+            and all(e.get(k) == v for k, v in fields.items())]
+
+
+def smart_pick(ctx, shape: Shape) -> dict | None:
+    """The autotune cache entry smart_dequantize uses for this layer, if any."""
     dtype = ctx.cfg.dtype
-    match = [e for e in entries
-             if e.get("K") == shape.K and e.get("N") == shape.N and e.get("G") == shape.G
-             and e.get("scales_dtype") == dtype and e.get("out_dtype") == dtype
-             and str(e.get("device", "")).startswith("cpu") == (ctx.kind == "cpu")
-             and e.get("gen") == gen]
+    match = cache_matches(ctx, K=shape.K, N=shape.N, G=shape.G, scales_dtype=dtype,
+                          out_dtype=dtype)
     return dict(match[-1]) if match else None
