@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 import awq_fast_dequant as awq
+from awq_fast_dequant.checkpoint import DTYPE_SIZES
 from awq_fast_dequant.convert import SafetensorsWriter, convert
 
 # Llama-3-8B: hidden 4096, MLP 14336, 8 key/value heads of 128, vocabulary 128256.
@@ -45,7 +46,6 @@ LINEARS = (("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, KV
            ("self_attn.v_proj", HIDDEN, KV), ("self_attn.o_proj", HIDDEN, HIDDEN),
            ("mlp.gate_proj", HIDDEN, MLP), ("mlp.up_proj", HIDDEN, MLP),
            ("mlp.down_proj", MLP, HIDDEN))  # (name, K = in_features, N = out_features)
-_SIZES = {"I32": 4, "F16": 2}
 
 
 def _tensors(layers: int, vocab: int, G: int):
@@ -64,7 +64,7 @@ def _tensors(layers: int, vocab: int, G: int):
 
 
 def _nbytes(code, shape) -> int:
-    n = _SIZES[code]
+    n = DTYPE_SIZES[code]
     for d in shape:
         n *= d
     return n
@@ -112,7 +112,7 @@ def generate(folder: Path, layers: int, vocab: int, G: int, shard_bytes: int) ->
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     for file, part in zip(names, shards):
-        part = sorted(part, key=lambda e: (-_SIZES[e[1]], e[0]))  # aligned, as convert writes
+        part = sorted(part, key=lambda e: (-DTYPE_SIZES[e[1]], e[0]))  # aligned, as convert writes
         writer = SafetensorsWriter(folder / file, part, {"format": "pt"})
         for name, code, shape in part:
             writer.write(name, data.get(name, code, shape))

@@ -1,5 +1,6 @@
 """Shared helpers: random AWQ problems (NumPy and torch), the hand-worked packed word,
-dtype plumbing, child processes, threads; and a summary of why tests were skipped."""
+dtype plumbing, a private autotune cache, child processes, threads; and a summary of
+why tests were skipped."""
 
 import collections
 import os
@@ -98,6 +99,17 @@ class DLPackOnly:
 def rng(request):
     # a fresh, reproducible stream per test
     return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private autotune cache folder, never the user's; the module re-reads its settings."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(d))
+    monkeypatch.delenv("AWQ_FAST_DEQUANT_AUTOTUNE", raising=False)
+    awq._C._dev.cache_reload()
+    yield d
+    awq._C._dev.cache_reload()
 
 
 def child_env(**extra):

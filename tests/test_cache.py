@@ -19,17 +19,6 @@ HEADER = "# awq_fast_dequant autotune cache v3\n"
 CPU_GEN = awq.build_info()["kernel_generations"]["cpu"]
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    """A private cache folder; the module re-reads its settings."""
-    d = tmp_path / "cache"
-    monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(d))
-    monkeypatch.delenv("AWQ_FAST_DEQUANT_AUTOTUNE", raising=False)
-    _C._dev.cache_reload()
-    yield d
-    _C._dev.cache_reload()
-
-
 def _run_py(code, cache, extra_env=None):
     env = child_env(AWQ_FAST_DEQUANT_CACHE_DIR=str(cache), PYTHONWARNINGS="default",
                     **(extra_env or {}))

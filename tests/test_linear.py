@@ -20,13 +20,9 @@ PATHS = ("fused", "dequant", "auto")
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
+def private_cache(cache_dir):
     """Tuning writes to a private cache folder, never the user's."""
-    monkeypatch.setenv("AWQ_FAST_DEQUANT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("AWQ_FAST_DEQUANT_AUTOTUNE", raising=False)
-    _C._dev.cache_reload()
-    yield tmp_path / "cache"
-    _C._dev.cache_reload()
+    return cache_dir
 
 
 # ---- the CPU paths ----

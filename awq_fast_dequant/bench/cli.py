@@ -8,14 +8,11 @@ from dataclasses import dataclass
 
 from .shapes import DTYPES, PRESETS, Shape, parse_shapes
 
-DEFAULT_KERNELS = {
-    "cuda": ("v1", "v2", "v3", "v4", "smart", "torch", "vllm", "sglang"),
-    "cpu": ("cpu", "smart", "numpy"),
-}
 KNOWN_KERNELS = {
     "cuda": ("v1", "v2", "v3", "v4", "smart", "torch", "vllm", "sglang"),
     "cpu": ("cpu", "smart", "numpy", "torch"),
 }
+DEFAULT_KERNELS = {"cuda": KNOWN_KERNELS["cuda"], "cpu": ("cpu", "smart", "numpy")}
 
 # The published method on CUDA (DESIGN.md section 6). The CPU default is
 # smaller so that a run with no options ends in well under a minute on a
@@ -231,14 +228,15 @@ def _dtypes(text: str, linear: bool, parser) -> tuple[str, ...]:
     return names
 
 
-def _linear_m(text: str, parser) -> tuple[int, ...]:
+def _positive_ints(text: str, option: str, parser) -> tuple[int, ...]:
+    """A comma list of positive integers, in the order given."""
     try:
-        ms = [int(t) for t in text.split(",") if t.strip()]
-        if not ms or min(ms) < 1:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+        if not values or min(values) < 1:
             raise ValueError
     except ValueError:
-        parser.error(f"--linear-m: positive integers expected; got {text!r}")
-    return tuple(sorted(set(ms)))
+        parser.error(f"{option}: positive integers expected; got {text!r}")
+    return values
 
 
 def _linear_settings(args, kind: str, parser) -> dict:
@@ -259,7 +257,8 @@ def _linear_settings(args, kind: str, parser) -> dict:
     return {
         "shapes": args.shapes or base["shapes"],
         "dtype": args.dtype or base["dtype"],
-        "m": base["m"] if args.linear_m is None else _linear_m(args.linear_m, parser),
+        "m": base["m"] if args.linear_m is None else tuple(sorted(set(
+            _positive_ints(args.linear_m, "--linear-m", parser)))),
         "trials": base["trials"],
         "runs": base["runs"],
     }
@@ -282,12 +281,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config
     runs = defaults["runs"] if args.runs is None else args.runs
     if trials < 1 or runs < 1:
         parser.error(f"--trials and --runs must be >= 1; got {trials} and {runs}")
-    try:
-        tokens = tuple(int(t) for t in args.prefill_tokens.split(",") if t.strip())
-        if not tokens or min(tokens) < 1:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--prefill-tokens: positive integers expected; got {args.prefill_tokens!r}")
+    tokens = _positive_ints(args.prefill_tokens, "--prefill-tokens", parser)
     for name in ("host_repeats", "copy_mib", "flush_mib"):
         value = getattr(args, name)
         if value is not None and value < 1:

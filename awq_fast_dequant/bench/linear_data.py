@@ -16,7 +16,7 @@ the dequantize benchmark holds bit-exact against it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,6 @@ class LinearCase:
     out: Any  # [M, N] in dtype: the rows of ours write here
     dense_x: Any
     dense_out: Any
-    extra: dict = field(default_factory=dict)
 
 
 def _seed(seed: int, M: int, K: int) -> int:

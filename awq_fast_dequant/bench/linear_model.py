@@ -5,7 +5,7 @@ measures."""
 
 from __future__ import annotations
 
-from .shapes import DTYPE_BYTES
+from .shapes import DTYPE_BYTES, packed_bytes
 
 # Dense peak of the H200 (SXM) in FLOP/s, without sparsity: float16 and
 # bfloat16 on tensor cores; float32 on CUDA cores, the unit the float32 fused
@@ -24,12 +24,6 @@ def m_bucket(M: int) -> int:
     while b < M and b < M_BUCKET_MAX:
         b <<= 1
     return b
-
-
-def packed_bytes(K: int, N: int, G: int, dtype: str) -> int:
-    """qweight K*N/2 + qzeros 4*(K/G)*(N/8) + scales s*(K/G)*N: the quantized layer."""
-    s = DTYPE_BYTES[dtype]
-    return K * N // 2 + 4 * (K // G) * (N // 8) + s * (K // G) * N
 
 
 def linear_bytes(M: int, K: int, N: int, G: int, dtype: str) -> int:

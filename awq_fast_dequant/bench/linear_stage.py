@@ -12,6 +12,7 @@ from .linear_check import ToleranceCheck, check_rows
 from .linear_data import DENSE, OURS, ROWS, NumpyFlavour, TorchFlavour, build_rows, w_bytes
 from .linear_model import (PEAK_FLOPS, crossover, floor_model_us, linear_bytes, linear_flops,
                            m_bucket, packed_bytes, row_figures)
+from .measure import cache_matches, outcome
 from .timing import cpu_copy_bandwidth, error_text, run_trials, summarize, warm_up
 
 METHOD = ("per layer, dtype and M: every row timed like the dequantize benchmark (trials in a "
@@ -41,18 +42,7 @@ def steps(ctx) -> int:
 def dispatcher_choice(ctx, K: int, N: int, G: int, dtype: str, M: int) -> dict | None:
     """The autotune cache's linear entry for this layer and M bucket (what
     linear(path="auto") runs), or None when nothing is tuned."""
-    from .. import build_info, cache_entries
-
-    try:
-        entries = cache_entries()
-        gen = build_info()["kernel_generations"][ctx.kind]
-    except Exception:
-        return None
-    match = [e for e in entries
-             if e.get("op") == "linear" and e.get("K") == K and e.get("N") == N
-             and e.get("G") == G and e.get("M") == m_bucket(M) and e.get("scales_dtype") == dtype
-             and e.get("gen") == gen
-             and str(e.get("device", "")).startswith("cpu") == (ctx.kind == "cpu")]
+    match = cache_matches(ctx, op="linear", K=K, N=N, G=G, M=m_bucket(M), scales_dtype=dtype)
     if ctx.kind == "cuda" and len(match) > 1:
         # Entries of several GPU models: the one of this device ("NAME sm_XY").
         name = ctx.torch.cuda.get_device_name(ctx.backend.device)
@@ -61,23 +51,18 @@ def dispatcher_choice(ctx, K: int, N: int, G: int, dtype: str, M: int) -> dict |
 
 
 def _record(impl, warm: dict, raw: dict, registered: dict) -> dict:
-    error = warm.get("error") or raw.get("error")
-    outside = list(raw.get("mismatches", []))
-    within = None
-    if error is None and (outside or warm):
-        within = not any(outside) and not warm.get("mismatches")
-    notes = list(raw.get("notes", [])) + ([warm["note"]] if warm.get("note") else [])
+    error, outside, notes, within = outcome(warm, raw)
     return {
         "role": "registered" if impl.name in registered else (
             "baseline" if impl.name == DENSE else "ours"),
         "ours": impl.ours,
         "call": impl.note,
         "warmup": warm,
-        "samples_us": raw.get("samples_us", []),
+        "samples_us": raw["samples_us"],
         "outside": outside,
-        "notes": sorted(set(notes)),
+        "notes": notes,
         "error": error,
-        "stats": summarize(raw.get("samples_us", [])),
+        "stats": summarize(raw["samples_us"]),
         "within_tolerance": within,
     }
 

@@ -20,26 +20,32 @@ def time_impls(ctx, impls: dict[str, Impl], check):
     return warm, raw, orders
 
 
+def outcome(warm: dict, raw: dict) -> tuple[str | None, list, list[str], bool | None]:
+    """(error, mismatches per trial, notes, passed) of one implementation's
+    warm-up record and trial record.
+
+    passed is None when nothing was checked (an error before any result),
+    else True only when the warm-up and every trial passed the check.
+    """
+    error = warm["error"] or raw["error"]
+    mism = list(raw["mismatches"])
+    notes = raw["notes"] + ([warm["note"]] if warm["note"] else [])
+    passed = None if error is not None else not any(mism) and not warm["mismatches"]
+    return error, mism, sorted(set(notes)), passed
+
+
 def records(impls: dict[str, Impl], warm: dict, raw: dict, bytes_: int, copy_gbps,
             registered: dict) -> dict[str, dict]:
-    """Per implementation: raw samples, statistics, GB/s, % of copy, bit-exactness.
-
-    bitexact is None when nothing was checked (an error before any result),
-    else True only when the warm-up and every trial matched the reference.
-    """
+    """Per implementation: raw samples, statistics, GB/s, % of copy, bit-exactness
+    (outcome's passed: True only when the warm-up and every trial matched the
+    reference)."""
     recs = {}
     for name, impl in impls.items():
-        r = raw.get(name, {"samples_us": [], "mismatches": [], "notes": [], "error": None})
-        w = warm.get(name, {})
-        error = w.get("error") or r.get("error")
+        r, w = raw[name], warm[name]
+        error, mism, notes, bitexact = outcome(w, r)
         stats = summarize(r["samples_us"])
         median = stats.get("median_us")
         gbps = bytes_ / (median * 1e3) if median else None
-        mism = list(r["mismatches"])
-        notes = list(r["notes"]) + ([w["note"]] if w.get("note") else [])
-        bitexact = None
-        if error is None and (mism or w):
-            bitexact = not any(mism) and not w.get("mismatches")
         recs[name] = {
             "role": role(name, registered),
             "ours": impl.ours,
@@ -47,7 +53,7 @@ def records(impls: dict[str, Impl], warm: dict, raw: dict, bytes_: int, copy_gbp
             "warmup": w,
             "samples_us": r["samples_us"],
             "mismatches": mism,
-            "notes": sorted(set(notes)),
+            "notes": notes,
             "error": error,
             "stats": stats,
             "gbps": gbps,
@@ -57,19 +63,26 @@ def records(impls: dict[str, Impl], warm: dict, raw: dict, bytes_: int, copy_gbp
     return recs
 
 
-def smart_pick(ctx, shape: Shape) -> dict | None:
-    """The autotune cache entry smart_dequantize uses for this layer, if any."""
+def cache_matches(ctx, **fields) -> list[dict]:
+    """The autotune cache's entries for the run's kind of device and this
+    build's kernels whose `fields` have the values given; [] when the cache
+    cannot be read."""
     from .. import build_info, cache_entries
 
     try:
         entries = cache_entries()
         gen = build_info()["kernel_generations"][ctx.kind]  # the entries this build uses
     except Exception:
-        return None
+        return []
+    cpu = ctx.kind == "cpu"
+    return [e for e in entries
+            if e.get("gen") == gen and str(e.get("device", "")).startswith("cpu") == cpu
+            and all(e.get(k) == v for k, v in fields.items())]
+
+
+def smart_pick(ctx, shape: Shape) -> dict | None:
+    """The autotune cache entry smart_dequantize uses for this layer, if any."""
     dtype = ctx.cfg.dtype
-    match = [e for e in entries
-             if e.get("K") == shape.K and e.get("N") == shape.N and e.get("G") == shape.G
-             and e.get("scales_dtype") == dtype and e.get("out_dtype") == dtype
-             and str(e.get("device", "")).startswith("cpu") == (ctx.kind == "cpu")
-             and e.get("gen") == gen]
+    match = cache_matches(ctx, K=shape.K, N=shape.N, G=shape.G, scales_dtype=dtype,
+                          out_dtype=dtype)
     return dict(match[-1]) if match else None

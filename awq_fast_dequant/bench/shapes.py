@@ -36,10 +36,15 @@ class Shape:
 FLOOR_SHAPE = Shape("floor", 1, 8, 1)
 
 
+def packed_bytes(K: int, N: int, G: int, dtype: str) -> int:
+    """qweight K*N/2 + qzeros 4*(K/G)*(N/8) + scales s*(K/G)*N: the quantized layer."""
+    s = DTYPE_BYTES[dtype]
+    return K * N // 2 + 4 * (K // G) * (N // 8) + s * (K // G) * N
+
+
 def bytes_moved(K: int, N: int, G: int, dtype: str) -> int:
-    """Roofline bytes: qweight K*N/2 + qzeros 4*(K/G)*(N/8) + scales s*(K/G)*N + out o*K*N."""
-    s = o = DTYPE_BYTES[dtype]
-    return K * N // 2 + 4 * (K // G) * (N // 8) + s * (K // G) * N + o * K * N
+    """Roofline bytes: the quantized layer (packed_bytes) + out o*K*N."""
+    return packed_bytes(K, N, G, dtype) + DTYPE_BYTES[dtype] * K * N
 
 
 def preset_of(K: int, N: int) -> str:
