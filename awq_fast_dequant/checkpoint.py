@@ -347,8 +347,9 @@ def _data_offsets(path: Path) -> dict:
             for name, entry in header.items() if name != "__metadata__"}
 
 
-def _read_headers(folder: Path, files):
-    """(tensors, metadata) from the safetensors headers of `files`."""
+def _read_headers(folder: Path, files, index):
+    """(tensors, metadata) from the safetensors headers of `files`, checked
+    against the index when there is one."""
     safe_open = _safetensors().safe_open
     tensors, metadata = {}, {}
     for file in files:
@@ -374,6 +375,8 @@ def _read_headers(folder: Path, files):
             raise CheckpointFileError(
                 f"tensor {info.name!r} in {info.file} has dtype {info.dtype}, which this "
                 f"package does not handle (known: {', '.join(sorted(DTYPE_SIZES))})")
+    if index is not None:
+        _check_index(index, tensors)
     return tensors, metadata
 
 
@@ -412,21 +415,21 @@ def _find_shards(folder: Path):
     raise CheckpointFileError(f"no {SINGLE_FILE_NAME} or {INDEX_NAME} in {folder}: {hint}")
 
 
-def _check_index(index: dict, tensors: dict, index_name: str) -> None:
+def _check_index(index: dict, tensors: dict) -> None:
     """The index must say where every tensor is, and nothing else."""
     weight_map = index["weight_map"]
     for name, file in weight_map.items():
         info = tensors.get(name)
         if info is None:
             raise CheckpointFileError(
-                f"{index_name} lists tensor {name!r} in {file}, which does not hold it")
+                f"{INDEX_NAME} lists tensor {name!r} in {file}, which does not hold it")
         if info.file != file:
             raise CheckpointFileError(
-                f"{index_name} lists tensor {name!r} in {file}, but it is stored in {info.file}")
+                f"{INDEX_NAME} lists tensor {name!r} in {file}, but it is stored in {info.file}")
     unlisted = [n for n in tensors if n not in weight_map]
     if unlisted:
         raise CheckpointFileError(
-            f"{index_name} does not list {len(unlisted)} tensor(s) of the shards, e.g. "
+            f"{INDEX_NAME} does not list {len(unlisted)} tensor(s) of the shards, e.g. "
             f"{unlisted[0]!r} in {tensors[unlisted[0]].file}")
 
 
@@ -530,9 +533,7 @@ def open_safetensors(src) -> tuple[Path, dict]:
         raise CheckpointFileError(f"{src}: no such file or folder")
     else:
         raise CheckpointFileError(f"{src}: expected a checkpoint folder or a .safetensors file")
-    tensors, _ = _read_headers(folder, files)
-    if index is not None:
-        _check_index(index, tensors, INDEX_NAME)
+    tensors, _ = _read_headers(folder, files, index)
     return folder, tensors
 
 
@@ -585,9 +586,7 @@ def open_checkpoint(src, *, group_size=None) -> Checkpoint:
         raise CheckpointFileError(
             f"{src}: expected a checkpoint folder or a .safetensors file")
 
-    tensors, metadata = _read_headers(folder, files)
-    if index is not None:
-        _check_index(index, tensors, INDEX_NAME)
+    tensors, metadata = _read_headers(folder, files, index)
     prefixes = _layer_prefixes(tensors)
     if not prefixes:
         raise NotAWQCheckpointError(
