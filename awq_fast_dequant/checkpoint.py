@@ -66,6 +66,15 @@ DTYPE_SIZES = {
 # The codes safetensors' NumPy reader can return; BF16 needs ml_dtypes imported.
 _NUMPY_CODES = frozenset(DTYPE_SIZES) - {"F8_E5M2", "F8_E4M3", "F8_E8M0"}
 
+
+def tensor_nbytes(dtype: str, shape) -> int:
+    """Bytes of a tensor of safetensors dtype code `dtype` and `shape`."""
+    n = DTYPE_SIZES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
 _WORD_CODES = ("I32", "U32")
 _SCALE_CODES = ("F16", "BF16", "F32")
 SCALE_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
@@ -207,7 +216,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_SIZES[self.dtype]
+        return tensor_nbytes(self.dtype, self.shape)
 
 
 @dataclass(frozen=True)

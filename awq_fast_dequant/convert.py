@@ -43,17 +43,19 @@ import awq_fast_dequant as _awq
 from .checkpoint import (
     DTYPE_SIZES,
     INDEX_NAME,
+    SCALE_DTYPE_NAMES,
     CheckpointError,
     QuantizedLayer,
     TensorInfo,
     open_checkpoint,
+    tensor_nbytes,
 )
 from .reference import DTYPES
 
 __all__ = ["convert", "ConvertStats", "ConvertError", "SafetensorsWriter", "add_subcommands"]
 
 LAYOUTS = ("linear", "awq")
-_DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_DTYPE_CODES = {name: code for code, name in SCALE_DTYPE_NAMES.items()}
 
 # Files of SRC that are not carried over: other weight files would describe
 # the quantized model next to the dense one (quant_config.json, the AWQ
@@ -126,10 +128,7 @@ class _Job:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_SIZES[self.dtype]
-        for d in self.shape:
-            n *= d
-        return n
+        return tensor_nbytes(self.dtype, self.shape)
 
 
 def _plan(ckpt, dtype: str, layout: str) -> dict:
@@ -164,9 +163,7 @@ class SafetensorsWriter:
         self._expected = []
         offset = 0
         for name, code, shape in entries:
-            nbytes = DTYPE_SIZES[code]
-            for d in shape:
-                nbytes *= d
+            nbytes = tensor_nbytes(code, shape)
             header[name] = {"dtype": code, "shape": list(shape),
                             "data_offsets": [offset, offset + nbytes]}
             self._expected.append((name, nbytes))
