@@ -672,20 +672,20 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
         stats = ConvertStats(device=str(device), dtype=dtype, layout=layout)
         copies = _files_to_copy(ckpt, stats)
         plan = _plan(ckpt, dtype, layout)
+        total_bytes = sum(j.nbytes for js in plan.values() for j in js)
         reader = ckpt.open_tensors(backend.framework,
                                    [t.name for layer in ckpt.layers for t in layer.tensors])
         with reader:
             dst.absolute().parent.mkdir(parents=True, exist_ok=True)
             tmp = _new_folder_next_to(dst, "partial")
-            bar = _Progress(progress, sum(j.nbytes for js in plan.values() for j in js),
-                            len(ckpt.layers))
+            bar = _Progress(progress, total_bytes, len(ckpt.layers))
             try:
                 weight_map = _write_shards(ckpt, plan, backend, reader, tmp, stats, bar)
                 if ckpt.sharded:
                     meta = ckpt.index.get("metadata")
                     meta = {k: v for k, v in meta.items() if k != "total_size"} \
                         if isinstance(meta, dict) else {}
-                    meta["total_size"] = sum(j.nbytes for js in plan.values() for j in js)
+                    meta["total_size"] = total_bytes
                     _write_json(tmp / INDEX_NAME,
                                 {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
                 if ckpt.config is not None:
