@@ -66,6 +66,15 @@ DTYPE_SIZES = {
 # The codes safetensors' NumPy reader can return; BF16 needs ml_dtypes imported.
 _NUMPY_CODES = frozenset(DTYPE_SIZES) - {"F8_E5M2", "F8_E4M3", "F8_E8M0"}
 
+
+def tensor_nbytes(dtype: str, shape) -> int:
+    """Bytes of a tensor of safetensors dtype code `dtype` and `shape`."""
+    n = DTYPE_SIZES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
 _WORD_CODES = ("I32", "U32")
 _SCALE_CODES = ("F16", "BF16", "F32")
 SCALE_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
@@ -207,7 +216,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_SIZES[self.dtype]
+        return tensor_nbytes(self.dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -347,8 +356,9 @@ def _data_offsets(path: Path) -> dict:
             for name, entry in header.items() if name != "__metadata__"}
 
 
-def _read_headers(folder: Path, files):
-    """(tensors, metadata) from the safetensors headers of `files`."""
+def _read_headers(folder: Path, files, index):
+    """(tensors, metadata) from the safetensors headers of `files`, checked
+    against the index when there is one."""
     safe_open = _safetensors().safe_open
     tensors, metadata = {}, {}
     for file in files:
@@ -374,6 +384,8 @@ def _read_headers(folder: Path, files):
             raise CheckpointFileError(
                 f"tensor {info.name!r} in {info.file} has dtype {info.dtype}, which this "
                 f"package does not handle (known: {', '.join(sorted(DTYPE_SIZES))})")
+    if index is not None:
+        _check_index(index, tensors)
     return tensors, metadata
 
 
@@ -412,21 +424,21 @@ def _find_shards(folder: Path):
     raise CheckpointFileError(f"no {SINGLE_FILE_NAME} or {INDEX_NAME} in {folder}: {hint}")
 
 
-def _check_index(index: dict, tensors: dict, index_name: str) -> None:
+def _check_index(index: dict, tensors: dict) -> None:
     """The index must say where every tensor is, and nothing else."""
     weight_map = index["weight_map"]
     for name, file in weight_map.items():
         info = tensors.get(name)
         if info is None:
             raise CheckpointFileError(
-                f"{index_name} lists tensor {name!r} in {file}, which does not hold it")
+                f"{INDEX_NAME} lists tensor {name!r} in {file}, which does not hold it")
         if info.file != file:
             raise CheckpointFileError(
-                f"{index_name} lists tensor {name!r} in {file}, but it is stored in {info.file}")
+                f"{INDEX_NAME} lists tensor {name!r} in {file}, but it is stored in {info.file}")
     unlisted = [n for n in tensors if n not in weight_map]
     if unlisted:
         raise CheckpointFileError(
-            f"{index_name} does not list {len(unlisted)} tensor(s) of the shards, e.g. "
+            f"{INDEX_NAME} does not list {len(unlisted)} tensor(s) of the shards, e.g. "
             f"{unlisted[0]!r} in {tensors[unlisted[0]].file}")
 
 
@@ -530,9 +542,7 @@ def open_safetensors(src) -> tuple[Path, dict]:
         raise CheckpointFileError(f"{src}: no such file or folder")
     else:
         raise CheckpointFileError(f"{src}: expected a checkpoint folder or a .safetensors file")
-    tensors, _ = _read_headers(folder, files)
-    if index is not None:
-        _check_index(index, tensors, INDEX_NAME)
+    tensors, _ = _read_headers(folder, files, index)
     return folder, tensors
 
 
@@ -585,9 +595,7 @@ def open_checkpoint(src, *, group_size=None) -> Checkpoint:
         raise CheckpointFileError(
             f"{src}: expected a checkpoint folder or a .safetensors file")
 
-    tensors, metadata = _read_headers(folder, files)
-    if index is not None:
-        _check_index(index, tensors, INDEX_NAME)
+    tensors, metadata = _read_headers(folder, files, index)
     prefixes = _layer_prefixes(tensors)
     if not prefixes:
         raise NotAWQCheckpointError(

@@ -43,17 +43,19 @@ import awq_fast_dequant as _awq
 from .checkpoint import (
     DTYPE_SIZES,
     INDEX_NAME,
+    SCALE_DTYPE_NAMES,
     CheckpointError,
     QuantizedLayer,
     TensorInfo,
     open_checkpoint,
+    tensor_nbytes,
 )
 from .reference import DTYPES
 
 __all__ = ["convert", "ConvertStats", "ConvertError", "SafetensorsWriter", "add_subcommands"]
 
 LAYOUTS = ("linear", "awq")
-_DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_DTYPE_CODES = {name: code for code, name in SCALE_DTYPE_NAMES.items()}
 
 # Files of SRC that are not carried over: other weight files would describe
 # the quantized model next to the dense one (quant_config.json, the AWQ
@@ -126,10 +128,7 @@ class _Job:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_SIZES[self.dtype]
-        for d in self.shape:
-            n *= d
-        return n
+        return tensor_nbytes(self.dtype, self.shape)
 
 
 def _plan(ckpt, dtype: str, layout: str) -> dict:
@@ -164,9 +163,7 @@ class SafetensorsWriter:
         self._expected = []
         offset = 0
         for name, code, shape in entries:
-            nbytes = DTYPE_SIZES[code]
-            for d in shape:
-                nbytes *= d
+            nbytes = tensor_nbytes(code, shape)
             header[name] = {"dtype": code, "shape": list(shape),
                             "data_offsets": [offset, offset + nbytes]}
             self._expected.append((name, nbytes))
@@ -675,20 +672,20 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
         stats = ConvertStats(device=str(device), dtype=dtype, layout=layout)
         copies = _files_to_copy(ckpt, stats)
         plan = _plan(ckpt, dtype, layout)
+        total_bytes = sum(j.nbytes for js in plan.values() for j in js)
         reader = ckpt.open_tensors(backend.framework,
                                    [t.name for layer in ckpt.layers for t in layer.tensors])
         with reader:
             dst.absolute().parent.mkdir(parents=True, exist_ok=True)
             tmp = _new_folder_next_to(dst, "partial")
-            bar = _Progress(progress, sum(j.nbytes for js in plan.values() for j in js),
-                            len(ckpt.layers))
+            bar = _Progress(progress, total_bytes, len(ckpt.layers))
             try:
                 weight_map = _write_shards(ckpt, plan, backend, reader, tmp, stats, bar)
                 if ckpt.sharded:
                     meta = ckpt.index.get("metadata")
                     meta = {k: v for k, v in meta.items() if k != "total_size"} \
                         if isinstance(meta, dict) else {}
-                    meta["total_size"] = sum(j.nbytes for js in plan.values() for j in js)
+                    meta["total_size"] = total_bytes
                     _write_json(tmp / INDEX_NAME,
                                 {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
                 if ckpt.config is not None:

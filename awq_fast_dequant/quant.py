@@ -422,17 +422,17 @@ def _gptq(w: np.ndarray, G: int, scale_kind: str, U: np.ndarray):
     zeros = np.empty((n_groups, N), dtype=np.uint8)
     # Every group starts a block, so that when its grid is taken every row of the
     # group holds the errors of all the rows before it.
-    size = G if G <= _GPTQ_BLOCK else _GPTQ_BLOCK
+    size = min(G, _GPTQ_BLOCK)
     errors = np.empty((size, N), dtype=np.float32)
     for g0 in range(0, K, G):
         g = g0 // G
         rows = W[g0:g0 + G]
-        lo = np.minimum(rows.min(axis=0), np.float32(0))[None]
-        hi = np.maximum(rows.max(axis=0), np.float32(0))[None]
+        lo = np.minimum(rows.min(axis=0), np.float32(0))
+        hi = np.maximum(rows.max(axis=0), np.float32(0))
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             raise ValueError("the rounding errors grew without bound (hessian nearly "
                              "singular); raise damp")
-        stored[g], step, zero = (a[0] for a in _grid(lo, hi, scale_kind))
+        stored[g], step, zero = _grid(lo, hi, scale_kind)
         zeros[g] = zero
         for b0 in range(g0, g0 + G, size):
             b1 = min(b0 + size, g0 + G)

@@ -28,15 +28,12 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
-from awq_fast_dequant.reference import DTYPES
 
 from ._module import AWQLinear, _scale_dtype
 
 __all__ = ["load_pretrained"]
 
 logger = logging.getLogger("awq_fast_dequant")
-
-_SCALE_TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def _require(name: str):
@@ -120,7 +117,7 @@ def _target_dtype(dtype, checkpoint) -> torch.dtype:
     if len(found) > 1:
         raise ValueError(f"the checkpoint's scales have several dtypes ({', '.join(found)}); "
                          "pass dtype=")
-    return _SCALE_TORCH_DTYPES[found[0]]
+    return _scale_dtype(found[0])
 
 
 def _model_class(transformers, config, model_class):
