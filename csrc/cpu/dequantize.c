@@ -62,12 +62,7 @@ static void rows_scalar(const awq_problem *p, const group_buf *b, int64_t k0, in
                 int64_t n = 8 * c + j;
                 int32_t q = (int32_t)((w >> (4 * AWQ_NIBBLE(j))) & 0xFu);
                 float v = (float)(q - b->zero[n]) * b->scale[n];
-                int64_t o = k * N + n;
-                switch (p->out_dtype) {
-                case AWQ_F16: ((uint16_t *)p->out)[o] = float_to_half(v); break;
-                case AWQ_BF16: ((uint16_t *)p->out)[o] = float_to_bf16(v); break;
-                default: ((float *)p->out)[o] = v; break;
-                }
+                store_value(p->out, k * N + n, v, p->out_dtype);
             }
         }
     }

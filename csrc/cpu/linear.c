@@ -233,11 +233,7 @@ static inline void finish_one(const awq_linear_problem *p, int64_t row, int64_t 
 {
     if (p->bias)
         v += load_scale(p->bias, n0 + n, p->dtype);
-    switch (p->dtype) {
-    case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
-    case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
-    default: ((float *)p->y)[row + n] = v; break;
-    }
+    store_value(p->y, row + n, v, p->dtype);
 }
 
 /* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias).  The vector
@@ -1025,17 +1021,10 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     if (p->M <= 0 || p->N <= 0)
         return AWQ_OK;
     if (p->K == 0) { /* an empty sum: y = bias, or zeros */
-        for (int64_t m = 0; m < p->M; m++) {
-            for (int64_t n = 0; n < p->N; n++) {
-                float v = p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f;
-                int64_t o = m * p->N + n;
-                switch (p->dtype) {
-                case AWQ_F16: ((uint16_t *)p->y)[o] = float_to_half(v); break;
-                case AWQ_BF16: ((uint16_t *)p->y)[o] = float_to_bf16(v); break;
-                default: ((float *)p->y)[o] = v; break;
-                }
-            }
-        }
+        for (int64_t m = 0; m < p->M; m++)
+            for (int64_t n = 0; n < p->N; n++)
+                store_value(p->y, m * p->N + n, p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f,
+                            p->dtype);
         return AWQ_OK;
     }
 
