@@ -105,7 +105,6 @@ typedef struct {
     int64_t chunk;             /* output columns per item, a multiple of 8 */
     int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
     int64_t chunks;            /* items along N */
-    int64_t blocks;            /* items along M */
     int lanes; /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
 } plan;
 
@@ -1041,8 +1040,8 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     const int64_t widest = 8 * LINEAR_LANES_MAX; /* columns of the widest tile */
     pl.width = (pl.chunk + widest - 1) / widest * widest;
     pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
-    pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
-    const int64_t items = pl.chunks * pl.blocks;
+    const int64_t blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB; /* items along M */
+    const int64_t items = pl.chunks * blocks;
     if (threads > items)
         threads = (int)items;
     if (threads < 1)
