@@ -20,8 +20,7 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define AWQ_X86_DISPATCH 1
+#ifdef AWQ_X86_DISPATCH
 #include <immintrin.h>
 #endif
 

@@ -70,8 +70,7 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define AWQ_X86_DISPATCH 1
+#ifdef AWQ_X86_DISPATCH
 #include <immintrin.h>
 #ifndef AWQ_LINEAR_NO_AVX512 /* the test builds a copy without the AVX-512 tiles */
 #define AWQ_LINEAR_AVX512 1
