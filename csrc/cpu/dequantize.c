@@ -32,6 +32,13 @@ typedef struct {
     int64_t group; /* which group is loaded, -1 none */
 } group_buf;
 
+/* A thread's rows at mem: N zero points, then N scales; no group loaded. */
+static group_buf group_buf_at(char *mem, int64_t N)
+{
+    group_buf b = {(int32_t *)mem, (float *)(mem + (size_t)N * sizeof(int32_t)), -1};
+    return b;
+}
+
 static void load_group(const awq_problem *p, group_buf *b, int64_t g)
 {
     if (b->group == g)
@@ -166,16 +173,14 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c)
     rows_fn fn = pick_rows();
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
-        group_buf b = {(int32_t *)mem, (float *)(mem + (size_t)p->N * sizeof(int32_t)), -1};
+        group_buf b = group_buf_at(mem, p->N);
         run_rows(p, &b, fn, 0, p->K);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
-            int t = omp_get_thread_num();
-            group_buf b = {(int32_t *)(mem + per * (size_t)t),
-                           (float *)(mem + per * (size_t)t + (size_t)p->N * sizeof(int32_t)), -1};
+            group_buf b = group_buf_at(mem + per * (size_t)omp_get_thread_num(), p->N);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < items; i++) {
                 int64_t k0 = i * chunk, k1 = k0 + chunk < p->K ? k0 + chunk : p->K;
