@@ -36,6 +36,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS_SHAPE = (1, 4096, 14336, 128, "float16")
+COPY_BYTES = 256 << 20  # np.copyto's array
 
 
 def best_s(fn, reps, warmup=2):
@@ -49,7 +50,7 @@ def best_s(fn, reps, warmup=2):
     return best
 
 
-def copyto_rate(reps, nbytes=256 << 20):
+def copyto_rate(reps, nbytes=COPY_BYTES):
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
     return nbytes / best_s(lambda: np.copyto(dst, src), reps)
@@ -176,7 +177,7 @@ def main():
           f"{rate / 1e9:.2f} GB/s of packed weights+zeros+scales ({packed / 1e6:.1f} MB)")
     if awq is not None:
         print(f"  configuration: {picked_config(awq, M, K, N, G, args.dtype)}")
-    print(f"np.copyto of {256} MiB: {copy / 1e9:.2f} GB/s")
+    print(f"np.copyto of {COPY_BYTES >> 20} MiB: {copy / 1e9:.2f} GB/s")
     print(f"numpy.matmul(x_f32, W_f32): {mm * 1e3:.3f} ms")
     print(f"packed rate / copyto rate: {rate / copy:.2f}  (target >= 0.5)")
     print(f"matmul time / fused time:  {mm / fused:.2f}  (target >= 4)")
