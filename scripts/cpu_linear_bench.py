@@ -36,6 +36,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS_SHAPE = (1, 4096, 14336, 128, "float16")
+COPY_BYTES = 256 << 20  # np.copyto's array
 
 
 def best_s(fn, reps, warmup=2):
@@ -49,17 +50,17 @@ def best_s(fn, reps, warmup=2):
     return best
 
 
-def copyto_rate(reps, nbytes=256 << 20):
+def copyto_rate(reps, nbytes=COPY_BYTES):
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
     return nbytes / best_s(lambda: np.copyto(dst, src), reps)
 
 
-def matmul_s(M, K, N, reps):
+def matmul_fn(M, K, N):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, K), dtype=np.float32)
     w = rng.standard_normal((K, N), dtype=np.float32)
-    return best_s(lambda: np.matmul(x, w), reps)
+    return lambda: np.matmul(x, w)
 
 
 def numpy_dtype(name):
@@ -69,14 +70,14 @@ def numpy_dtype(name):
     return np.dtype(name)
 
 
-def fused_s_python(awq, M, K, N, G, dtype, reps):
+def fused_fn(awq, M, K, N, G, dtype):
     rng = np.random.default_rng(0)
     dt = numpy_dtype(dtype)
     qweight = rng.integers(0, 2**32, size=(K, N // 8), dtype=np.uint32).view(np.int32)
     qzeros = rng.integers(0, 2**32, size=(K // G, N // 8), dtype=np.uint32).view(np.int32)
     scales = rng.uniform(1e-3, 1e-2, size=(K // G, N)).astype(dt)
     x = rng.standard_normal((M, K)).astype(dt)
-    return best_s(lambda: awq.linear(x, qweight, qzeros, scales, path="fused"), reps)
+    return lambda: awq.linear(x, qweight, qzeros, scales, path="fused")
 
 
 def picked_config(awq, M, K, N, G, dtype):
@@ -155,15 +156,20 @@ def main():
     print(f"M={M} K={K} N={N} G={G} {args.dtype}, {os.cpu_count()} CPUs, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
 
+    # the inputs are built once; each round times the same arrays
+    matmul = matmul_fn(M, K, N)
+    if awq is not None:
+        how = "awq_fast_dequant.linear(path='fused')"
+        linear = fused_fn(awq, M, K, N, G, args.dtype)
+    else:
+        how = "the C harness (tests/c/test_linear_cpu.c --bench)"
     copy, mm, fused = 0.0, float("inf"), float("inf")
     for r in range(max(1, args.rounds)):
         copy = max(copy, copyto_rate(args.reps))
-        mm = min(mm, matmul_s(M, K, N, args.reps))
+        mm = min(mm, best_s(matmul, args.reps))
         if awq is not None:
-            how = "awq_fast_dequant.linear(path='fused')"
-            fused = min(fused, fused_s_python(awq, M, K, N, G, args.dtype, args.reps))
+            fused = min(fused, best_s(linear, args.reps))
         else:
-            how = "the C harness (tests/c/test_linear_cpu.c --bench)"
             fused = min(fused, fused_s_harness(args.reps, echo=r == 0))
 
     rate = packed / fused
@@ -171,7 +177,7 @@ def main():
           f"{rate / 1e9:.2f} GB/s of packed weights+zeros+scales ({packed / 1e6:.1f} MB)")
     if awq is not None:
         print(f"  configuration: {picked_config(awq, M, K, N, G, args.dtype)}")
-    print(f"np.copyto of {256} MiB: {copy / 1e9:.2f} GB/s")
+    print(f"np.copyto of {COPY_BYTES >> 20} MiB: {copy / 1e9:.2f} GB/s")
     print(f"numpy.matmul(x_f32, W_f32): {mm * 1e3:.3f} ms")
     print(f"packed rate / copyto rate: {rate / copy:.2f}  (target >= 0.5)")
     print(f"matmul time / fused time:  {mm / fused:.2f}  (target >= 4)")

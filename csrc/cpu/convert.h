@@ -87,4 +87,14 @@ static inline float load_scale(const void *s, int64_t i, awq_dtype t)
     }
 }
 
+/* a[i] = v rounded to the dtype t of the array a. */
+static inline void store_value(void *a, int64_t i, float v, awq_dtype t)
+{
+    switch (t) {
+    case AWQ_F16: ((uint16_t *)a)[i] = float_to_half(v); break;
+    case AWQ_BF16: ((uint16_t *)a)[i] = float_to_bf16(v); break;
+    default: ((float *)a)[i] = v; break;
+    }
+}
+
 #endif /* AWQ_CPU_CONVERT_H */

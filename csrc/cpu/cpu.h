@@ -14,6 +14,12 @@
 extern "C" {
 #endif
 
+/* The x86 vector paths, chosen at run time, need GCC's or Clang's target
+ * attributes and __builtin_cpu_supports. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define AWQ_X86_DISPATCH 1
+#endif
+
 /* ---- kernels ---- */
 
 awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);

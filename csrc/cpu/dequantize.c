@@ -20,8 +20,7 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define AWQ_X86_DISPATCH 1
+#ifdef AWQ_X86_DISPATCH
 #include <immintrin.h>
 #endif
 
@@ -32,6 +31,13 @@ typedef struct {
     float *scale;  /* [N] scale of each column, as float32 */
     int64_t group; /* which group is loaded, -1 none */
 } group_buf;
+
+/* A thread's rows at mem: N zero points, then N scales; no group loaded. */
+static group_buf group_buf_at(char *mem, int64_t N)
+{
+    group_buf b = {(int32_t *)mem, (float *)(mem + (size_t)N * sizeof(int32_t)), -1};
+    return b;
+}
 
 static void load_group(const awq_problem *p, group_buf *b, int64_t g)
 {
@@ -62,12 +68,7 @@ static void rows_scalar(const awq_problem *p, const group_buf *b, int64_t k0, in
                 int64_t n = 8 * c + j;
                 int32_t q = (int32_t)((w >> (4 * AWQ_NIBBLE(j))) & 0xFu);
                 float v = (float)(q - b->zero[n]) * b->scale[n];
-                int64_t o = k * N + n;
-                switch (p->out_dtype) {
-                case AWQ_F16: ((uint16_t *)p->out)[o] = float_to_half(v); break;
-                case AWQ_BF16: ((uint16_t *)p->out)[o] = float_to_bf16(v); break;
-                default: ((float *)p->out)[o] = v; break;
-                }
+                store_value(p->out, k * N + n, v, p->out_dtype);
             }
         }
     }
@@ -172,16 +173,14 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c)
     rows_fn fn = pick_rows();
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
-        group_buf b = {(int32_t *)mem, (float *)(mem + (size_t)p->N * sizeof(int32_t)), -1};
+        group_buf b = group_buf_at(mem, p->N);
         run_rows(p, &b, fn, 0, p->K);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
-            int t = omp_get_thread_num();
-            group_buf b = {(int32_t *)(mem + per * (size_t)t),
-                           (float *)(mem + per * (size_t)t + (size_t)p->N * sizeof(int32_t)), -1};
+            group_buf b = group_buf_at(mem + per * (size_t)omp_get_thread_num(), p->N);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < items; i++) {
                 int64_t k0 = i * chunk, k1 = k0 + chunk < p->K ? k0 + chunk : p->K;

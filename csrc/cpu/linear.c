@@ -70,8 +70,7 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define AWQ_X86_DISPATCH 1
+#ifdef AWQ_X86_DISPATCH
 #include <immintrin.h>
 #ifndef AWQ_LINEAR_NO_AVX512 /* the test builds a copy without the AVX-512 tiles */
 #define AWQ_LINEAR_AVX512 1
@@ -105,7 +104,6 @@ typedef struct {
     int64_t chunk;             /* output columns per item, a multiple of 8 */
     int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
     int64_t chunks;            /* items along N */
-    int64_t blocks;            /* items along M */
     int lanes; /* packed words per vector tile: 8 (AVX2), 16 (AVX-512); 0: scalar path */
 } plan;
 
@@ -233,11 +231,7 @@ static inline void finish_one(const awq_linear_problem *p, int64_t row, int64_t 
 {
     if (p->bias)
         v += load_scale(p->bias, n0 + n, p->dtype);
-    switch (p->dtype) {
-    case AWQ_F16: ((uint16_t *)p->y)[row + n] = float_to_half(v); break;
-    case AWQ_BF16: ((uint16_t *)p->y)[row + n] = float_to_bf16(v); break;
-    default: ((float *)p->y)[row + n] = v; break;
-    }
+    store_value(p->y, row + n, v, p->dtype);
 }
 
 /* y[m0 .. m0 + mb, n0 .. n0 + cols) = round(total + bias).  The vector
@@ -1025,17 +1019,10 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     if (p->M <= 0 || p->N <= 0)
         return AWQ_OK;
     if (p->K == 0) { /* an empty sum: y = bias, or zeros */
-        for (int64_t m = 0; m < p->M; m++) {
-            for (int64_t n = 0; n < p->N; n++) {
-                float v = p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f;
-                int64_t o = m * p->N + n;
-                switch (p->dtype) {
-                case AWQ_F16: ((uint16_t *)p->y)[o] = float_to_half(v); break;
-                case AWQ_BF16: ((uint16_t *)p->y)[o] = float_to_bf16(v); break;
-                default: ((float *)p->y)[o] = v; break;
-                }
-            }
-        }
+        for (int64_t m = 0; m < p->M; m++)
+            for (int64_t n = 0; n < p->N; n++)
+                store_value(p->y, m * p->N + n, p->bias ? load_scale(p->bias, n, p->dtype) : 0.0f,
+                            p->dtype);
         return AWQ_OK;
     }
 
@@ -1052,8 +1039,8 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     const int64_t widest = 8 * LINEAR_LANES_MAX; /* columns of the widest tile */
     pl.width = (pl.chunk + widest - 1) / widest * widest;
     pl.chunks = (p->N + pl.chunk - 1) / pl.chunk;
-    pl.blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB;
-    const int64_t items = pl.chunks * pl.blocks;
+    const int64_t blocks = (p->M + LINEAR_MB - 1) / LINEAR_MB; /* items along M */
+    const int64_t items = pl.chunks * blocks;
     if (threads > items)
         threads = (int)items;
     if (threads < 1)

@@ -22,10 +22,6 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define AWQ_X86_DISPATCH 1
-#endif
-
 int awq_cpu_has_openmp(void)
 {
 #ifdef _OPENMP

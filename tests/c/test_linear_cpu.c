@@ -703,6 +703,20 @@ static void test_candidates(void)
     free_problem(&P);
 }
 
+/* The fixed cases, on the path this process takes; forms names its
+ * worked examples of the two forms in messages. */
+static void fixed_cases(const char *forms)
+{
+    test_worked_example();
+    test_regrouped_and_exact_forms(awq_cpu_linear, forms);
+    test_bf16_rounded_w_stays_exact();
+#ifdef HAVE_MXCSR
+    test_float_environment();
+#endif
+    test_edges();
+    test_products_round_first();
+}
+
 /* ---- timing (printed, never asserted) ---- */
 
 static double now_s(void)
@@ -809,14 +823,7 @@ int main(int argc, char **argv)
     if (pid == 0) {
         setenv("AWQ_FAST_DEQUANT_CPU_SCALAR", "1", 1);
         sweep("scalar path", fileno(f));
-        test_worked_example();
-        test_regrouped_and_exact_forms(awq_cpu_linear, "scalar path, forms");
-        test_bf16_rounded_w_stays_exact();
-#ifdef HAVE_MXCSR
-        test_float_environment();
-#endif
-        test_edges();
-        test_products_round_first();
+        fixed_cases("scalar path, forms");
         fprintf(stderr, "scalar path (%s): %d checks, %d failed\n", awq_cpu_linear_simd(), checks,
                 failures);
         fflush(NULL);
@@ -829,17 +836,10 @@ int main(int argc, char **argv)
     int vector = strcmp(awq_cpu_linear_simd(), "scalar") != 0;
     printf("path %s, %d OpenMP threads\n", awq_cpu_linear_simd(), awq_cpu_max_threads());
     sweep(vector ? "vector path" : "default path", -1);
-    test_worked_example();
-    test_regrouped_and_exact_forms(awq_cpu_linear, vector ? "vector path, forms" : "forms");
+    fixed_cases(vector ? "vector path, forms" : "forms");
 #ifdef LINEAR_NARROW
     test_regrouped_and_exact_forms(awq_cpu_linear_narrow, "AVX2 tiles, forms");
 #endif
-    test_bf16_rounded_w_stays_exact();
-#ifdef HAVE_MXCSR
-    test_float_environment();
-#endif
-    test_edges();
-    test_products_round_first();
     test_candidates();
 
     /* the vector path's outputs equal the scalar path's, bit for bit (and
