@@ -257,10 +257,12 @@ static int fused_default(const awq_linear_problem *p, awq_config *cfg)
     return s == AWQ_OK ? 0 : awq_raise_status(s, detail, p->device);
 }
 
-static int untuned(const awq_linear_problem *p, awq_config *cfg)
+/* The configuration when nothing is tuned for path (awq_path): the fused
+ * default, or for "auto" above the backend's fused M, dequantize. */
+static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 {
     const int64_t max_m = p->device >= 0 ? CUDA_FUSED_MAX_M : CPU_FUSED_MAX_M;
-    if (p->M > max_m) {
+    if (path != AWQ_PATH_FUSED && p->M > max_m) {
         memset(cfg, 0, sizeof *cfg);
         cfg->kernel = AWQ_KERNEL_DEQUANT;
         return 0;
@@ -288,7 +290,7 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
         return 0;
     }
     if (autotune_disabled(st))
-        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+        return untuned(p, path, cfg);
     ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
     const char *dev = device_key(st, p->device, dev_scratch, &detail);
@@ -297,7 +299,7 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_linear_key_init(&key, dev, gen, p->K, p->N, p->G, p->dtype,
                                  awq_m_bucket(p->M)) < 0)
-        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+        return untuned(p, path, cfg);
     /* An entry for the other backend (a file edited by hand) is a miss. */
     if (awq_table_get(st->table, &key, &val) &&
         (is_fused(&val.config, p->device) || val.config.kernel == AWQ_KERNEL_DEQUANT)) {
@@ -311,7 +313,7 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
     st->misses++;
     int cap = capturing(p->device, p->stream);
     if (cap != 0)
-        return cap < 0 ? -1 : (path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg));
+        return cap < 0 ? -1 : untuned(p, path, cfg);
 
     /* The fused configurations, the backend's default first ... */
     awq_config cands[MAX_CANDIDATES];
