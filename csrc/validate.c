@@ -68,6 +68,19 @@ static int check_device(const awq_view *first, const char *first_name, const awq
     return 0;
 }
 
+/* Every view given is C-contiguous and aligned, and on the device of the
+ * first (views[0], which every call has). */
+static int check_views(const awq_view *views, const int *have, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (have[i] && check_layout(&views[i], names[i]) < 0)
+            return -1;
+    for (int i = 1; i < n; i++)
+        if (have[i] && check_device(&views[0], names[0], &views[i], names[i]) < 0)
+            return -1;
+    return 0;
+}
+
 /* The packed weights of a layer: qweight [K, N/8], qzeros and scales
  * [K/G, N]; fills K, N and G. */
 static int check_weights(const awq_view *qw, const awq_view *qz, const awq_view *sc,
@@ -297,12 +310,8 @@ int awq_validate_dequantize(const awq_dequantize_call *c, awq_problem *p, awq_co
     const awq_view *qw = &c->v[AWQ_ARG_QWEIGHT];
     if (check_dtypes(c, p) < 0)
         return -1;
-    for (int i = 0; i < AWQ_NUM_ARGS; i++)
-        if (c->have[i] && check_layout(&c->v[i], awq_arg_names[i]) < 0)
-            return -1;
-    for (int i = 1; i < AWQ_NUM_ARGS; i++)
-        if (c->have[i] && check_device(qw, "qweight", &c->v[i], awq_arg_names[i]) < 0)
-            return -1;
+    if (check_views(c->v, c->have, awq_arg_names, AWQ_NUM_ARGS) < 0)
+        return -1;
     if (check_weights(qw, &c->v[AWQ_ARG_QZEROS], &c->v[AWQ_ARG_SCALES], c->group_size, p) < 0 ||
         check_out(c, p) < 0)
         return -1;
@@ -424,12 +433,8 @@ int awq_validate_linear(const awq_linear_call *c, awq_linear_problem *p, awq_pat
     memset(p, 0, sizeof *p);
     if (check_linear_dtypes(c, p) < 0)
         return -1;
-    for (int i = 0; i < AWQ_LIN_NUM_ARGS; i++)
-        if (c->have[i] && check_layout(&c->v[i], awq_lin_arg_names[i]) < 0)
-            return -1;
-    for (int i = 1; i < AWQ_LIN_NUM_ARGS; i++)
-        if (c->have[i] && check_device(x, "x", &c->v[i], awq_lin_arg_names[i]) < 0)
-            return -1;
+    if (check_views(c->v, c->have, awq_lin_arg_names, AWQ_LIN_NUM_ARGS) < 0)
+        return -1;
     awq_problem w; /* the weights' K, N and G */
     memset(&w, 0, sizeof w);
     if (check_weights(&c->v[AWQ_LIN_QWEIGHT], &c->v[AWQ_LIN_QZEROS], &c->v[AWQ_LIN_SCALES],
