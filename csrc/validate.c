@@ -82,9 +82,9 @@ static int check_views(const awq_view *views, const int *have, const char *const
 }
 
 /* The packed weights of a layer: qweight [K, N/8], qzeros and scales
- * [K/G, N]; fills K, N and G. */
+ * [K/G, N]; fills *K_out, *N_out and *G. */
 static int check_weights(const awq_view *qw, const awq_view *qz, const awq_view *sc,
-                         PyObject *group_size, awq_problem *p)
+                         PyObject *group_size, int64_t *K_out, int64_t *N_out, int64_t *G)
 {
     int64_t K = qw->shape[0], W = qw->shape[1], N = 8 * W;
     if (qz->shape[1] != W) {
@@ -106,10 +106,10 @@ static int check_weights(const awq_view *qw, const awq_view *qz, const awq_view 
                      (long long)qz->shape[0], (long long)sc->shape[0]);
         return -1;
     }
-    if (awq_resolve_group(K, sc->shape[0], group_size, &p->G) < 0)
+    if (awq_resolve_group(K, sc->shape[0], group_size, G) < 0)
         return -1;
-    p->K = K;
-    p->N = N;
+    *K_out = K;
+    *N_out = N;
     return 0;
 }
 
@@ -312,7 +312,8 @@ int awq_validate_dequantize(const awq_dequantize_call *c, awq_problem *p, awq_co
         return -1;
     if (check_views(c->v, c->have, awq_arg_names, AWQ_NUM_ARGS) < 0)
         return -1;
-    if (check_weights(qw, &c->v[AWQ_ARG_QZEROS], &c->v[AWQ_ARG_SCALES], c->group_size, p) < 0 ||
+    if (check_weights(qw, &c->v[AWQ_ARG_QZEROS], &c->v[AWQ_ARG_SCALES], c->group_size, &p->K,
+                      &p->N, &p->G) < 0 ||
         check_out(c, p) < 0)
         return -1;
     const int on_cuda = qw->device.device_type == kDLCUDA;
@@ -435,14 +436,9 @@ int awq_validate_linear(const awq_linear_call *c, awq_linear_problem *p, awq_pat
         return -1;
     if (check_views(c->v, c->have, awq_lin_arg_names, AWQ_LIN_NUM_ARGS) < 0)
         return -1;
-    awq_problem w; /* the weights' K, N and G */
-    memset(&w, 0, sizeof w);
     if (check_weights(&c->v[AWQ_LIN_QWEIGHT], &c->v[AWQ_LIN_QZEROS], &c->v[AWQ_LIN_SCALES],
-                      c->group_size, &w) < 0)
+                      c->group_size, &p->K, &p->N, &p->G) < 0)
         return -1;
-    p->K = w.K;
-    p->N = w.N;
-    p->G = w.G;
     if (check_linear_shapes(c, p) < 0 || parse_path(c->path, path) < 0 ||
         check_backend(x, "x", c->explicit_stream) < 0)
         return -1;
