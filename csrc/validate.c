@@ -262,7 +262,7 @@ static int check_launch(const awq_dequantize_call *c, int on_cuda, awq_config *c
     char b[32];
     int kernel = AWQ_KERNEL_AUTO;
     memset(cfg, 0, sizeof(*cfg));
-    if (!c->smart && c->kernel != Py_None && awq_parse_kernel(c->kernel, &kernel) < 0)
+    if (c->kernel != Py_None && awq_parse_kernel(c->kernel, &kernel) < 0)
         return -1;
     if (on_cuda && kernel == AWQ_KERNEL_CPU) {
         PyErr_Format(PyExc_ValueError,
@@ -279,7 +279,7 @@ static int check_launch(const awq_dequantize_call *c, int on_cuda, awq_config *c
         return -1;
     }
     long long bs = 0;
-    if (!c->smart && c->block_size != Py_None) {
+    if (c->block_size != Py_None) {
         if (awq_parse_int(c->block_size, "block_size", &bs) < 0)
             return -1;
         if (!on_cuda || kernel == AWQ_KERNEL_V1 || kernel == AWQ_KERNEL_V2) {
