@@ -51,8 +51,9 @@ enum { AWQ_ARG_QWEIGHT, AWQ_ARG_QZEROS, AWQ_ARG_SCALES, AWQ_ARG_OUT, AWQ_NUM_ARG
 typedef struct {
     awq_view v[AWQ_NUM_ARGS];
     int have[AWQ_NUM_ARGS];
-    PyObject *group_size, *out_dtype, *kernel, *block_size; /* Py_None when absent */
-    int smart;         /* smart_dequantize: kernel and block size are the tuner's */
+    /* Py_None when absent; kernel and block_size always are for
+     * smart_dequantize, whose tuner chooses them. */
+    PyObject *group_size, *out_dtype, *kernel, *block_size;
     int explicit_stream;
 } awq_dequantize_call;
 

@@ -87,15 +87,15 @@ static void ensure_loaded(awq_state *st)
  * hot path of a cache hit only copies it.  Called with the GIL held, which
  * guards the array.  Devices past it get theirs built in `scratch` on every
  * call. */
-static const char *device_key(awq_state *st, const awq_problem *p, char *scratch, int *detail)
+static const char *device_key(awq_state *st, int device, char *scratch, int *detail)
 {
-    int slot = p->device + 1;
+    int slot = device + 1;
     char *key = slot >= 0 && slot <= AWQ_MAX_DEVICES ? st->device_keys[slot] : scratch;
     if (key == scratch)
         key[0] = '\0';
     if (key[0] != '\0')
         return key;
-    if (p->device < 0) {
+    if (device < 0) {
         struct utsname u;
         const char *m = uname(&u) == 0 ? u.machine : "unknown";
         snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s %dt", m, awq_cpu_simd(),
@@ -104,9 +104,9 @@ static const char *device_key(awq_state *st, const awq_problem *p, char *scratch
     }
     char name[80];
     int major = 0, minor = 0;
-    awq_status s = awq_cuda_device_identity(p->device, name, sizeof name, &major, &minor, detail);
+    awq_status s = awq_cuda_device_identity(device, name, sizeof name, &major, &minor, detail);
     if (s != AWQ_OK) {
-        awq_raise_status(s, *detail, p->device);
+        awq_raise_status(s, *detail, device);
         return NULL;
     }
     /* tabs would break the file format; names never have them, but be sure */
@@ -203,7 +203,7 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
         return 0;
     ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
-    const char *dev = device_key(st, p, dev_scratch, &detail);
+    const char *dev = device_key(st, p->device, dev_scratch, &detail);
     if (dev == NULL)
         return -1;
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
@@ -257,10 +257,12 @@ static int fused_default(const awq_linear_problem *p, awq_config *cfg)
     return s == AWQ_OK ? 0 : awq_raise_status(s, detail, p->device);
 }
 
-static int untuned(const awq_linear_problem *p, awq_config *cfg)
+/* The configuration when nothing is tuned for path (awq_path): the fused
+ * default, or for "auto" above the backend's fused M, dequantize. */
+static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 {
     const int64_t max_m = p->device >= 0 ? CUDA_FUSED_MAX_M : CPU_FUSED_MAX_M;
-    if (p->M > max_m) {
+    if (path != AWQ_PATH_FUSED && p->M > max_m) {
         memset(cfg, 0, sizeof *cfg);
         cfg->kernel = AWQ_KERNEL_DEQUANT;
         return 0;
@@ -288,17 +290,16 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
         return 0;
     }
     if (autotune_disabled(st))
-        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+        return untuned(p, path, cfg);
     ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
-    awq_problem ident = {.device = p->device};
-    const char *dev = device_key(st, &ident, dev_scratch, &detail);
+    const char *dev = device_key(st, p->device, dev_scratch, &detail);
     if (dev == NULL)
         return -1;
     const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_linear_key_init(&key, dev, gen, p->K, p->N, p->G, p->dtype,
                                  awq_m_bucket(p->M)) < 0)
-        return path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg);
+        return untuned(p, path, cfg);
     /* An entry for the other backend (a file edited by hand) is a miss. */
     if (awq_table_get(st->table, &key, &val) &&
         (is_fused(&val.config, p->device) || val.config.kernel == AWQ_KERNEL_DEQUANT)) {
@@ -312,7 +313,7 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
     st->misses++;
     int cap = capturing(p->device, p->stream);
     if (cap != 0)
-        return cap < 0 ? -1 : (path == AWQ_PATH_FUSED ? fused_default(p, cfg) : untuned(p, cfg));
+        return cap < 0 ? -1 : untuned(p, path, cfg);
 
     /* The fused configurations, the backend's default first ... */
     awq_config cands[MAX_CANDIDATES];

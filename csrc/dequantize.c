@@ -30,7 +30,6 @@ int awq_dequantize_job_prepare(PyObject *module, PyObject *const *slots, int sma
     c->out_dtype = slots[AWQ_KW_OUT_DTYPE];
     c->kernel = smart ? Py_None : slots[AWQ_KW_KERNEL];
     c->block_size = smart ? Py_None : slots[AWQ_KW_BLOCK_SIZE];
-    c->smart = smart;
 
     if (awq_stream_begin(st, slots[AWQ_KW_STREAM], slots[AWQ_KW_QWEIGHT], &opts) < 0)
         return -1;

@@ -68,10 +68,23 @@ static int check_device(const awq_view *first, const char *first_name, const awq
     return 0;
 }
 
+/* Every view given is C-contiguous and aligned, and on the device of the
+ * first (views[0], which every call has). */
+static int check_views(const awq_view *views, const int *have, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (have[i] && check_layout(&views[i], names[i]) < 0)
+            return -1;
+    for (int i = 1; i < n; i++)
+        if (have[i] && check_device(&views[0], names[0], &views[i], names[i]) < 0)
+            return -1;
+    return 0;
+}
+
 /* The packed weights of a layer: qweight [K, N/8], qzeros and scales
- * [K/G, N]; fills K, N and G. */
+ * [K/G, N]; fills *K_out, *N_out and *G. */
 static int check_weights(const awq_view *qw, const awq_view *qz, const awq_view *sc,
-                         PyObject *group_size, awq_problem *p)
+                         PyObject *group_size, int64_t *K_out, int64_t *N_out, int64_t *G)
 {
     int64_t K = qw->shape[0], W = qw->shape[1], N = 8 * W;
     if (qz->shape[1] != W) {
@@ -93,10 +106,10 @@ static int check_weights(const awq_view *qw, const awq_view *qz, const awq_view 
                      (long long)qz->shape[0], (long long)sc->shape[0]);
         return -1;
     }
-    if (awq_resolve_group(K, sc->shape[0], group_size, &p->G) < 0)
+    if (awq_resolve_group(K, sc->shape[0], group_size, G) < 0)
         return -1;
-    p->K = K;
-    p->N = N;
+    *K_out = K;
+    *N_out = N;
     return 0;
 }
 
@@ -249,7 +262,7 @@ static int check_launch(const awq_dequantize_call *c, int on_cuda, awq_config *c
     char b[32];
     int kernel = AWQ_KERNEL_AUTO;
     memset(cfg, 0, sizeof(*cfg));
-    if (!c->smart && c->kernel != Py_None && awq_parse_kernel(c->kernel, &kernel) < 0)
+    if (c->kernel != Py_None && awq_parse_kernel(c->kernel, &kernel) < 0)
         return -1;
     if (on_cuda && kernel == AWQ_KERNEL_CPU) {
         PyErr_Format(PyExc_ValueError,
@@ -266,7 +279,7 @@ static int check_launch(const awq_dequantize_call *c, int on_cuda, awq_config *c
         return -1;
     }
     long long bs = 0;
-    if (!c->smart && c->block_size != Py_None) {
+    if (c->block_size != Py_None) {
         if (awq_parse_int(c->block_size, "block_size", &bs) < 0)
             return -1;
         if (!on_cuda || kernel == AWQ_KERNEL_V1 || kernel == AWQ_KERNEL_V2) {
@@ -297,13 +310,10 @@ int awq_validate_dequantize(const awq_dequantize_call *c, awq_problem *p, awq_co
     const awq_view *qw = &c->v[AWQ_ARG_QWEIGHT];
     if (check_dtypes(c, p) < 0)
         return -1;
-    for (int i = 0; i < AWQ_NUM_ARGS; i++)
-        if (c->have[i] && check_layout(&c->v[i], awq_arg_names[i]) < 0)
-            return -1;
-    for (int i = 1; i < AWQ_NUM_ARGS; i++)
-        if (c->have[i] && check_device(qw, "qweight", &c->v[i], awq_arg_names[i]) < 0)
-            return -1;
-    if (check_weights(qw, &c->v[AWQ_ARG_QZEROS], &c->v[AWQ_ARG_SCALES], c->group_size, p) < 0 ||
+    if (check_views(c->v, c->have, awq_arg_names, AWQ_NUM_ARGS) < 0)
+        return -1;
+    if (check_weights(qw, &c->v[AWQ_ARG_QZEROS], &c->v[AWQ_ARG_SCALES], c->group_size, &p->K,
+                      &p->N, &p->G) < 0 ||
         check_out(c, p) < 0)
         return -1;
     const int on_cuda = qw->device.device_type == kDLCUDA;
@@ -424,20 +434,11 @@ int awq_validate_linear(const awq_linear_call *c, awq_linear_problem *p, awq_pat
     memset(p, 0, sizeof *p);
     if (check_linear_dtypes(c, p) < 0)
         return -1;
-    for (int i = 0; i < AWQ_LIN_NUM_ARGS; i++)
-        if (c->have[i] && check_layout(&c->v[i], awq_lin_arg_names[i]) < 0)
-            return -1;
-    for (int i = 1; i < AWQ_LIN_NUM_ARGS; i++)
-        if (c->have[i] && check_device(x, "x", &c->v[i], awq_lin_arg_names[i]) < 0)
-            return -1;
-    awq_problem w; /* the weights' K, N and G */
-    memset(&w, 0, sizeof w);
-    if (check_weights(&c->v[AWQ_LIN_QWEIGHT], &c->v[AWQ_LIN_QZEROS], &c->v[AWQ_LIN_SCALES],
-                      c->group_size, &w) < 0)
+    if (check_views(c->v, c->have, awq_lin_arg_names, AWQ_LIN_NUM_ARGS) < 0)
         return -1;
-    p->K = w.K;
-    p->N = w.N;
-    p->G = w.G;
+    if (check_weights(&c->v[AWQ_LIN_QWEIGHT], &c->v[AWQ_LIN_QZEROS], &c->v[AWQ_LIN_SCALES],
+                      c->group_size, &p->K, &p->N, &p->G) < 0)
+        return -1;
     if (check_linear_shapes(c, p) < 0 || parse_path(c->path, path) < 0 ||
         check_backend(x, "x", c->explicit_stream) < 0)
         return -1;

@@ -105,8 +105,10 @@ int awq_tune_entry_valid(const awq_tune_key *k, const awq_tune_value *v)
     return kernel == AWQ_KERNEL_CPU || kernel >= AWQ_KERNEL_SIMT;
 }
 
-int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
-                      int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype)
+/* Zero-fills *k and sets its fields; 0, or -1 (and *k zeroed) when the
+ * device string does not fit or the key is not valid. */
+static int key_init(awq_tune_key *k, const char *device, int gen, int op, int64_t K, int64_t N,
+                    int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype, int64_t m)
 {
     if (!k)
         return -1;
@@ -118,12 +120,13 @@ int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, i
         return -1;
     memcpy(k->device, device, n);
     k->gen = gen;
+    k->op = op;
     k->K = K;
     k->N = N;
     k->G = G;
+    k->m = m;
     k->scale_dtype = scale_dtype;
     k->out_dtype = out_dtype;
-    k->op = AWQ_OP_DEQUANTIZE;
     if (!awq_tune_key_valid(k)) {
         memset(k, 0, sizeof *k);
         return -1;
@@ -131,18 +134,16 @@ int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, i
     return 0;
 }
 
+int awq_tune_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
+                      int64_t G, awq_dtype scale_dtype, awq_dtype out_dtype)
+{
+    return key_init(k, device, gen, AWQ_OP_DEQUANTIZE, K, N, G, scale_dtype, out_dtype, 0);
+}
+
 int awq_tune_linear_key_init(awq_tune_key *k, const char *device, int gen, int64_t K, int64_t N,
                              int64_t G, awq_dtype dtype, int64_t m)
 {
-    if (awq_tune_key_init(k, device, gen, K, N, G, dtype, dtype) != 0)
-        return -1;
-    k->op = AWQ_OP_LINEAR;
-    k->m = m;
-    if (!awq_tune_key_valid(k)) {
-        memset(k, 0, sizeof *k);
-        return -1;
-    }
-    return 0;
+    return key_init(k, device, gen, AWQ_OP_LINEAR, K, N, G, dtype, dtype, m);
 }
 
 static uint64_t key_hash(const awq_tune_key *k)
