@@ -88,15 +88,16 @@ typedef enum {
     AWQ_KERNEL_SIMT = 6,    /* linear: fused, CUDA cores */
     AWQ_KERNEL_MMA = 7,     /* linear: fused, tensor cores (mma.sync, sm_80+) */
     AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
+    AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 8, sm_80+) */
 } awq_kernel;
 
-#define AWQ_NUM_KERNELS 9
+#define AWQ_NUM_KERNELS 10
 
 /* The one table of kernel names; NULL for an id out of range. */
 static inline const char *awq_kernel_name(int k)
 {
     static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1",   "v2",  "v3",     "v4",
-                                                       "cpu",  "simt", "mma", "dequant"};
+                                                       "cpu",  "simt", "mma", "dequant", "gemv"};
     return k >= 0 && k < AWQ_NUM_KERNELS ? names[k] : NULL;
 }
 
@@ -114,7 +115,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 5
+#define AWQ_CUDA_KERNELS_GEN 6
 #define AWQ_CPU_KERNELS_GEN 3
 
 /* CUDA device ordinals the package keeps per-device facts for (device

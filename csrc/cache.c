@@ -272,8 +272,9 @@ static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 
 static int is_fused(const awq_config *c, int device)
 {
-    return device >= 0 ? c->kernel == AWQ_KERNEL_MMA || c->kernel == AWQ_KERNEL_SIMT
-                       : c->kernel == AWQ_KERNEL_CPU;
+    return device >= 0
+               ? c->kernel == AWQ_KERNEL_GEMV || c->kernel == AWQ_KERNEL_MMA || c->kernel == AWQ_KERNEL_SIMT
+               : c->kernel == AWQ_KERNEL_CPU;
 }
 
 int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,

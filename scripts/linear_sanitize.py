@@ -6,7 +6,8 @@
     ... the same with --tune
 
 linear(path="fused") on small shapes that reach every branch of the kernels:
-M in {1, 5, 17, 64} (one, two and four m16 tiles per warp, M tails), N tails
+M in {1, 5, 17, 64} (the decode kernel up to M = 8; one, two and four m16
+tiles per warp, M tails), N tails
 (a column block of one word column, N = 8), K tails (G = K = 200 and 202),
 G in {32, 128, K}, float16 and bfloat16 (the tensor-core kernel), float32 and
 misaligned views (the CUDA-core kernel), bias on and off; one call captured
@@ -104,6 +105,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     shapes = [  # K, N, G
         (256, 136, 32),   # N = 136: the last column block holds one word column
+        (256, 272, 32),   # the decode kernel (M <= 8): 2 strips and a 2-word tail strip
         (256, 264, 128),
         (200, 72, 200),   # G = K = 200: the last k16 step passes K
         (202, 40, 202),   # K % 4 == 2: half of the last x quad past K

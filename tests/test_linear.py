@@ -304,17 +304,72 @@ def test_cuda_identity_rows_give_w_exactly(rng, dtype):
         assert torch.equal(out.float(), want), cfg
 
 
+def _gemv_candidates(x, qw, qz, sc):
+    return [c for c in _C._dev.linear_candidates(x, qw, qz, sc) if c["kernel"] == "gemv"]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
+    """The decode kernel's W is the dequantize kernels' W, bit for bit: 8 rows
+    of the identity at a time give 8 rows of W, subnormal, large and tiny
+    scales included, through every decode configuration."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the decode kernel needs sm_80")
+    K, N, G = 256, 272, 32
+    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
+    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3, 1e3, 2.0**-130]
+    td = getattr(torch, dtype)
+    tqw, tqz = torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda()
+    tsc = torch.from_numpy(sc).to("cuda", td)
+    want = awq.dequantize(tqw, tqz, tsc).float()
+    eye = torch.eye(K, device="cuda", dtype=td)
+    cands = _gemv_candidates(eye[:8], tqw, tqz, tsc)
+    assert cands and _C._dev.linear_candidates(eye[:8], tqw, tqz, tsc)[0]["kernel"] == "gemv"
+    for cfg in cands:
+        for r0 in range(0, K, 8):
+            x = eye[r0:r0 + 8].contiguous()
+            out = torch.full((8, N), float("nan"), device="cuda", dtype=td)
+            _C._dev.linear_config(x, tqw, tqz, tsc, None, out, cfg)
+            assert torch.equal(out.float(), want[r0:r0 + 8]), (cfg, r0)
+
+
+@cuda
+def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
+    """M <= 8 on a layer it can run goes to the decode kernel; what it cannot
+    run (M = 9, N % 16 != 0, K % 16 != 0, float32) to the other kernels."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the decode kernel needs sm_80")
+
+    def first(M, K, N, G, dtype="float16"):
+        tx, tqw, tqz, tsc, _ = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
+                                   dtype)
+        return _C._dev.linear_candidates(tx, tqw, tqz, tsc)[0]["kernel"]
+
+    assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8)] == ["gemv"] * 4
+    assert first(9, 512, 256, 128) == "mma"
+    assert first(1, 512, 200, 128) == "mma"       # N = 200: an odd number of words
+    assert first(1, 200, 256, 200) == "mma"       # K = G = 200: no whole k16 steps
+    assert first(1, 512, 256, 128, "float32") == "simt"
+
+
 @cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_every_candidate_within_tolerance(rng, dtype):
-    """Each configuration the tuner may pick, not only the default."""
+    """Each configuration the tuner may pick, not only the default.  The
+    decode-kernel (gemv) shapes: a strip tail (N = 1040 is 8 strips and 2
+    words), G = K, G = 16 (a new group every step), M = 1..8."""
     torch = pytest.importorskip("torch")
     for M, (K, N, G) in [(1, (1536, 1536, 128)), (5, (512, 200, 128)), (17, (200, 72, 200)),
-                         (64, (1024, 520, 64)), (130, (256, 136, 32))]:
+                         (64, (1024, 520, 64)), (130, (256, 136, 32)), (8, (640, 272, 64)),
+                         (3, (256, 48, 256)), (2, (96, 32, 16)), (7, (1024, 1040, 128)),
+                         (4, (4096, 1024, 128))]:
         tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                     dtype)
         cands = _C._dev.linear_candidates(tx, tqw, tqz, tsc)
-        assert cands and cands[0]["kernel"] in ("mma", "simt")
+        assert cands and cands[0]["kernel"] in ("gemv", "mma", "simt")
         for cfg in cands:
             out = torch.full((M, N), float("nan"), device="cuda", dtype=tx.dtype)
             _C._dev.linear_config(tx, tqw, tqz, tsc, tb, out, cfg)

@@ -5,6 +5,8 @@
  * CUDA-core kernel (AWQ_KERNEL_SIMT, every dtype, any G, any architecture),
  * their launchers, default configurations and the autotuner's candidates.
  *
+ * The decode kernel (AWQ_KERNEL_GEMV, M <= 8) lives in cuda/linear_gemv.cuh.
+ *
  * Contract (DESIGN.md section 7): W's values are bit-equal to the dequantize
  * kernels' (round_to_dtype(float32(q - z) * float32(s))); products and sums in
  * float32; the bias added in float32; one rounding to the dtype.  The same
@@ -14,6 +16,10 @@
  * "linear: the fused W4A16 kernels".
  *
  * What awq_config means here:
+ *   GEMV: block_size = 32 * S, S warps on one 128-column strip, each a
+ *         contiguous slice of the strip's K (S in 1, 2, 4, 8); rows = 1;
+ *         split = blocks of a cluster (1, 2, 4, 8; > 1 needs sm_90), each a
+ *         contiguous slice of K, summed through distributed shared memory.
  *   MMA:  block_size = 32 * S, S warps on one 64-column block, each a contiguous
  *         slice of the block's K range (S in 1, 2, 4, 8);
  *         rows = m16 tiles per warp (1, 2, 4): 16 * rows rows of x share each
@@ -35,10 +41,12 @@
 #include "cuda/cuda.h"
 #include "cuda/launch.cuh"
 #include "cuda/layout.cuh"
+#include "cuda/linear_gemv.cuh"
 #include "cuda/linear_layout.cuh"
 
 using namespace awq_cu;
 namespace mm = awq_cu::mma_map;
+namespace gv = awq_cu::gemv;
 
 namespace {
 
@@ -1087,11 +1095,110 @@ awq_config simt_default(const awq_linear_problem *p, const Device &d)
     return c;
 }
 
+/* ---- the decode kernel ------------------------------------------------------ */
+
+bool gemv_warps_ok(int w) { return w == 1 || w == 2 || w == 4 || w == gv::kMaxWarps; }
+bool gemv_split_ok(int s) { return s == 1 || s == 2 || s == 4 || s == gv::kMaxSplit; }
+
+/* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 8,
+ * whole k16 steps inside whole groups (K % 16 == 0, G % 16 == 0), an even
+ * number of word columns (N % 16 == 0: 8-byte copies of qweight and qzeros
+ * rows), x read as 4-byte pairs, scales, bias and y 16-byte aligned.  The
+ * rest runs on the MMA or SIMT kernel. */
+bool gemv_problem_ok(const awq_linear_problem *p)
+{
+    if (p->dtype != AWQ_F16 && p->dtype != AWQ_BF16) return false;
+    if (p->M < 1 || p->M > gv::kMaxM || p->K <= 0 || p->K >= kMmaMaxK) return false;
+    if (p->K % gv::kStepK != 0 || p->G % gv::kStepK != 0 || p->N % (2 * AWQ_COLS_PER_WORD) != 0) return false;
+    return aligned(p->x, 4) && aligned(p->qweight, 8) && aligned(p->qzeros, 8) && aligned(p->scales, 16) &&
+           aligned(p->y, 16) && (!p->bias || aligned(p->bias, 16));
+}
+
+int64_t gemv_strips(const awq_linear_problem *p) { return ceil_div(p->N / AWQ_COLS_PER_WORD, gv::kStripWords); }
+
+bool gemv_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
+{
+    if (c->block_size % 32 != 0 || !gemv_warps_ok(c->block_size / 32) || c->rows != 1 || !gemv_split_ok(c->split))
+        return false;
+    if (!d.tensor_cores() || (c->split > 1 && !d.clusters())) return false;
+    return gemv_problem_ok(p) && gemv_strips(p) * c->split <= 2147483647;
+}
+
+template <class T>
+cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, cudaStream_t stream)
+{
+    gv::Args a;
+    a.x = static_cast<const char *>(p->x);
+    a.qweight = p->qweight;
+    a.qzeros = p->qzeros;
+    a.scales = static_cast<const char *>(p->scales);
+    a.bias = static_cast<const char *>(p->bias);
+    a.y = static_cast<char *>(p->y);
+    a.K = p->K;
+    a.N = p->N;
+    a.W = p->N / AWQ_COLS_PER_WORD;
+    a.M = (int)p->M;
+    a.nsteps = (int)(p->K / gv::kStepK);
+    a.spg = (int)(p->G / gv::kStepK);
+    a.split = c->split;
+    LaunchShape s;
+    s.grid = dim3((unsigned)(gemv_strips(p) * c->split), 1, 1);
+    s.block = dim3((unsigned)c->block_size, 1, 1);
+    s.smem = (unsigned)gv::smem_bytes(c->block_size / 32); /* <= 40 KB: no opt-in */
+    constexpr auto kernel = gv::kernel<T>;
+    if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
+    return launch<kernel>(s, stream, a);
+}
+
+cudaError_t gemv_launch(const awq_linear_problem *p, const awq_config *c, cudaStream_t stream)
+{
+    return p->dtype == AWQ_F16 ? gemv_launch_type<F16T>(p, c, stream) : gemv_launch_type<BF16T>(p, c, stream);
+}
+
+/* The decode default, from a sweep on the H200 (docs/KERNELS.md): K slices
+ * of each strip until strips x slices reach about 6 warps a SM (at least 8
+ * slices, at most 64, each at least 4 k16 steps); the slices go first into
+ * the warps of a block, and from 32 slices on 8 blocks of a cluster share a
+ * strip (more SMs stream each strip).  Without clusters, one block a strip. */
+constexpr int kGemvWarpsPerSm = 6;
+constexpr int kGemvMinSliceSteps = 4;
+
+awq_config gemv_default(const awq_linear_problem *p, const Device &d)
+{
+    awq_config c;
+    memset(&c, 0, sizeof c);
+    c.kernel = AWQ_KERNEL_GEMV;
+    c.rows = 1;
+    const int64_t strips = gemv_strips(p);
+    const int64_t nsteps = p->K / gv::kStepK;
+    const int64_t max_slices = d.clusters() ? (int64_t)gv::kMaxWarps * gv::kMaxSplit : gv::kMaxWarps;
+    int64_t slices = gv::kMaxWarps;
+    while (slices < max_slices && strips * slices < (int64_t)kGemvWarpsPerSm * d.sms) slices *= 2;
+    while (slices > 1 && slices * kGemvMinSliceSteps > nsteps) slices /= 2;
+    const int split = slices >= 32 ? gv::kMaxSplit : (int)std::max<int64_t>(1, slices / gv::kMaxWarps);
+    c.split = split;
+    c.block_size = 32 * (int)(slices / split);
+    return c;
+}
+
 /* ---- configuration, dispatch ------------------------------------------ */
+
+/* The configuration can run this problem on this device, for its kernel. */
+bool config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
+{
+    switch (c->kernel) {
+    case AWQ_KERNEL_GEMV: return gemv_config_ok(p, c, d);
+    case AWQ_KERNEL_MMA: return mma_config_ok(p, c, d);
+    case AWQ_KERNEL_SIMT: return simt_config_ok(p, c, d);
+    default: return false;
+    }
+}
 
 /* The fastest fused kernel that can run the problem, with its defaults. */
 awq_config default_config(const awq_linear_problem *p, const Device &d)
 {
+    const awq_config g = gemv_default(p, d);
+    if (gemv_config_ok(p, &g, d)) return g;
     awq_config m = mma_default(p, d);
     if (mma_config_ok(p, &m, d)) return m;
     return simt_default(p, d);
@@ -1108,14 +1215,16 @@ awq_status resolve_config(const awq_linear_problem *p, const awq_config *in, con
         const awq_config def = default_config(p, d);
         c.kernel = def.kernel;
     }
-    if (c.kernel != AWQ_KERNEL_MMA && c.kernel != AWQ_KERNEL_SIMT) return AWQ_ERR_CONFIG;
+    if (c.kernel != AWQ_KERNEL_GEMV && c.kernel != AWQ_KERNEL_MMA && c.kernel != AWQ_KERNEL_SIMT)
+        return AWQ_ERR_CONFIG;
     if (c.block_size < 0 || c.rows < 0 || c.split < 0) return AWQ_ERR_CONFIG;
-    const awq_config def = c.kernel == AWQ_KERNEL_MMA ? mma_default(p, d) : simt_default(p, d);
+    const awq_config def = c.kernel == AWQ_KERNEL_GEMV  ? gemv_default(p, d)
+                           : c.kernel == AWQ_KERNEL_MMA ? mma_default(p, d)
+                                                        : simt_default(p, d);
     if (c.block_size == 0) c.block_size = def.block_size;
     if (c.rows == 0) c.rows = def.rows;
     if (c.split == 0) c.split = def.split;
-    const bool ok = c.kernel == AWQ_KERNEL_MMA ? mma_config_ok(p, &c, d) : simt_config_ok(p, &c, d);
-    if (!ok) return AWQ_ERR_CONFIG;
+    if (!config_ok(p, &c, d)) return AWQ_ERR_CONFIG;
     *out = c;
     return AWQ_OK;
 }
@@ -1123,7 +1232,11 @@ awq_status resolve_config(const awq_linear_problem *p, const awq_config *in, con
 cudaError_t launch_linear(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     if (nothing_to_do(p)) return cudaSuccess;
-    return c->kernel == AWQ_KERNEL_MMA ? mma_launch(p, c, d, stream) : simt_launch(p, c, d, stream);
+    switch (c->kernel) {
+    case AWQ_KERNEL_GEMV: return gemv_launch(p, c, stream);
+    case AWQ_KERNEL_MMA: return mma_launch(p, c, d, stream);
+    default: return simt_launch(p, c, d, stream);
+    }
 }
 
 /* A launch the device refuses for this configuration -- threads, registers,
@@ -1188,9 +1301,7 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
     if (!configs || cap <= 0 || check_problem(p) != AWQ_OK || device_of(p->device, &d) != cudaSuccess) return 0;
     int n = 0;
     auto add = [&](const awq_config &c) {
-        if (n >= cap) return;
-        const bool ok = c.kernel == AWQ_KERNEL_MMA ? mma_config_ok(p, &c, d) : simt_config_ok(p, &c, d);
-        if (!ok) return;
+        if (n >= cap || !config_ok(p, &c, d)) return;
         for (int i = 0; i < n; ++i)
             if (configs[i].kernel == c.kernel && configs[i].block_size == c.block_size && configs[i].rows == c.rows &&
                 configs[i].split == c.split)
@@ -1209,6 +1320,13 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
     add(default_config(p, d)); /* the default first: it survives a small cap */
 
     const int64_t nsteps = ceil_div(p->K, mm::kStepK);
+    if (gemv_problem_ok(p) && d.tensor_cores()) {
+        /* warps x cluster blocks a strip, around the default's slices */
+        static const int kGemvSlices[][2] = {{8, 1}, {4, 2}, {8, 2}, {4, 4}, {8, 4}, {4, 8}, {8, 8}, {2, 8}};
+        for (const auto &ws : kGemvSlices)
+            if ((int64_t)ws[0] * ws[1] * kGemvMinSliceSteps <= nsteps)
+                add(make(AWQ_KERNEL_GEMV, 32 * ws[0], 1, ws[1]));
+    }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */
         const int rows_def = mma_default(p, d).rows;

@@ -1,0 +1,507 @@
+/*
+ * cuda/linear_gemv.cuh -- the decode kernel of the fused linear
+ * (AWQ_KERNEL_GEMV): y = x @ W + bias for 1 <= M <= 8 rows of x, W never
+ * written to memory.  Tensor cores (mma.sync m16n8k16, f16/bf16, sm_80+);
+ * included by cuda/linear.cu only.  Design notes: docs/KERNELS.md, "The
+ * decode kernel (gemv)".
+ *
+ * The roles of the operands are the transpose of the MMA kernel's: the
+ * dequantized weights are the A operand (16 output columns x 16 k) and x is
+ * B (16 k x 8 rows of x, the rows past M zero), so M <= 8 wastes no
+ * tensor-core work on an m16 tile of x.
+ *
+ * ---- the mapping -------------------------------------------------------------
+ * Lane t has groupID g = t / 4 and threadID_in_group i = t % 4 (PTX ISA).  A
+ * warp owns a strip of 16 consecutive word columns (128 outputs): lane group
+ * g reads the 2 words cw = strip + 2g, cw + 1 of the rows
+ *
+ *     k0 + 2i, k0 + 2i + 1, k0 + 2i + 8, k0 + 2i + 9         (one k16 step)
+ *
+ * with one 8-byte copy per row; the 8 groups side by side make each row's
+ * 64 bytes of the strip contiguous.  These are the k of the ISA's A fragment
+ * for threadID_in_group i (registers 0/1: k = 2i, 2i+1; 2/3: k = 2i+8, 2i+9),
+ * so B is x in its own order: b0 = x[g][k0+2i .. 2i+1], b1 = x[g][k0+8+2i ..].
+ *
+ * Byte b of the words of rows (k, k+1) holds nibbles 2b and 2b+1 of each; one
+ * byte permute puts row k's byte in byte 0 and row k+1's in byte 2, and a mask
+ * then gives both halves of an A register at once: nibble 2b (mask
+ * 0x000F000F) or nibble 2b+1 (0x00F000F0) of the two rows.  The A tile of mma
+ * (v, b) -- word v of the lane, byte b -- has row g = the output column of
+ * nibble 2b of word cw + v, row g + 8 = that of nibble 2b + 1; accumulator e
+ * of that mma is row 2i + (e & 1) of x at the column of nibble 2b + (e >> 1).
+ *
+ * ---- exact W in the dtype's own x2 arithmetic ---------------------------------
+ * OR-ing a nibble q into the mantissa of 1024 (f16 0x6400; bf16 128, 0x4300)
+ * gives base + q exactly; base + z likewise, once per group.  Then
+ *   q - z = (base + q) - (base + z)        exact: small integers
+ *   W     = (q - z) * s                    one rounding, to nearest even
+ * -- the dequantize kernels' bits.  f16 reads the high nibble in place: 1024 +
+ * 16q times 1/16 plus -(64 + z) is q - z in one fused multiply-add (exact: the
+ * exact result is a small integer).  bf16's 7-bit mantissa has no room for
+ * 16q: its high nibble is shifted down first.
+ *
+ * ---- pipeline, K slices and the reduction -------------------------------------
+ * Each warp streams its k16 steps through a ring of kRing stages in shared
+ * memory filled by cp.async (its own 16 rows x 64 bytes and its B registers
+ * per stage): kRing - 1 steps of loads are in flight without holding
+ * registers.  The warps of a block, and the blocks of a cluster (sm_90),
+ * share one strip and take contiguous slices of its steps: slice
+ * rank * warps + warp.  The warps' partial sums meet in shared memory (each
+ * in its own, drained ring) and are added in warp order; the blocks' sums
+ * across the cluster in rank order through distributed shared memory.  Every
+ * sum has a fixed order: the result is deterministic.
+ */
+#ifndef AWQ_CUDA_LINEAR_GEMV_CUH
+#define AWQ_CUDA_LINEAR_GEMV_CUH
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/layout.cuh"
+
+namespace awq_cu {
+namespace gemv {
+
+constexpr int kMaxM = 8;         /* rows of x: the n8 side of mma.m16n8k16 */
+constexpr int kStepK = 16;       /* k of one mma */
+constexpr int kGroups = 8;       /* lane groups of a warp, side by side along the strip */
+constexpr int kLaneWords = 2;    /* words of a row a lane reads (one 8-byte copy) */
+constexpr int kStripWords = kGroups * kLaneWords;                 /* 16 */
+constexpr int kStripCols = kStripWords * AWQ_COLS_PER_WORD;       /* 128 outputs */
+constexpr int kMaxWarps = 8;     /* K slices of a block */
+constexpr int kMaxThreads = 32 * kMaxWarps;
+constexpr int kMaxSplit = 8;     /* blocks of a cluster: the portable limit */
+constexpr int kRing = 4;         /* ring stages of a warp */
+/* One stage: 4 rows x 32 lanes x 2 words, then the two B registers of 32 lanes. */
+constexpr int kStageBytes = 4 * 32 * kLaneWords * 4 + 2 * 32 * 4;
+constexpr int kWarpSmem = kRing * kStageBytes; /* a warp's ring; later its partial sums */
+static_assert(kMaxM * kStripCols * (int)sizeof(float) <= kWarpSmem, "a warp's partials fit in its ring");
+
+/* Dynamic shared memory of a block of `warps` warps. */
+__host__ __device__ constexpr int smem_bytes(int warps) { return warps * kWarpSmem; }
+
+/* Output column, inside its word, of nibble p (the inverse of AWQ_NIBBLE). */
+__host__ __device__ constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >> 2); }
+static_assert(nibble_col(AWQ_NIBBLE(1)) == 1 && nibble_col(AWQ_NIBBLE(2)) == 2 && nibble_col(AWQ_NIBBLE(7)) == 7,
+              "nibble_col inverts AWQ_NIBBLE");
+
+struct Args {
+    const char *x;           /* [M, K] */
+    const uint32_t *qweight; /* [K, W] */
+    const uint32_t *qzeros;  /* [K/G, W] */
+    const char *scales;      /* [K/G, N] */
+    const char *bias;        /* [N] or nullptr */
+    char *y;                 /* [M, N] */
+    int64_t K, N, W;         /* W = N / 8 word columns, even */
+    int M;                   /* 1 .. kMaxM */
+    int nsteps;              /* K / 16 */
+    int spg;                 /* k16 steps per group: G / 16 */
+    int split;               /* blocks per cluster */
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+template <class T> struct Bits;
+template <> struct Bits<F16T> {
+    static constexpr uint32_t kMagic = 0x64006400u; /* 1024 in both halves */
+};
+template <> struct Bits<BF16T> {
+    static constexpr uint32_t kMagic = 0x43004300u; /* 128 in both halves */
+};
+constexpr uint32_t kF16Sixteenth = 0x2C002C00u; /* 1/16 in both halves */
+constexpr uint32_t kF16Base960 = 0x63806380u;   /* 960 = 1024 - 64 in both halves */
+
+/* Why: (x & MASK) | BITS as one LOP3 (the compiler emits two for constant operands). */
+template <uint32_t MASK, uint32_t BITS> __device__ __forceinline__ uint32_t and_or(uint32_t x)
+{
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(MASK), "n"(BITS));
+    return r;
+}
+
+/* Why: a - b and a * b on packed pairs, each rounded once to nearest even, f16 or bf16. */
+template <class T> __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b)
+{
+    if constexpr (std::is_same<T, F16T>::value) {
+        return half2_bits(__hsub2_rn(as_half2(a), as_half2(b)));
+    } else {
+        __nv_bfloat162 x, y;
+        memcpy(&x, &a, 4);
+        memcpy(&y, &b, 4);
+        const __nv_bfloat162 r = __hsub2_rn(x, y);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        return u;
+    }
+}
+
+template <class T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b)
+{
+    if constexpr (std::is_same<T, F16T>::value) {
+        return half2_bits(__hmul2_rn(as_half2(a), as_half2(b)));
+    } else {
+        __nv_bfloat162 x, y;
+        memcpy(&x, &a, 4);
+        memcpy(&y, &b, 4);
+        const __nv_bfloat162 r = __hmul2_rn(x, y);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        return u;
+    }
+}
+
+/* Why: d += A (16x16, the weights) * B (16x8, x), float32 accumulators. */
+template <class T>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1)
+{
+    if constexpr (std::is_same<T, F16T>::value)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* What one k16 step of a lane holds once its stage has landed. */
+struct Step {
+    uint32_t w[4][kLaneWords]; /* rows k0 + 2i, +1, +8, +9 of words cw, cw + 1 */
+    uint32_t b[2];             /* B registers: x[g][k0 + 2i ..], x[g][k0 + 8 + 2i ..] */
+};
+
+/* A group's zero and scale pairs for the lane's 16 columns, by word and nibble. */
+struct Group {
+    uint32_t z[kLaneWords][8]; /* even nibble: base + z; odd: f16 -(64 + z), bf16 base + z */
+    uint32_t s[kLaneWords][8]; /* s in both halves */
+};
+
+/* A group's raw zero words and scales (8 per word), loaded a group ahead. */
+struct RawGroup {
+    uint2 z;
+    uint4 s[kLaneWords];
+};
+
+__device__ __forceinline__ void load_group(RawGroup &r, const uint32_t *zp, const char *sp)
+{
+    r.z = __ldg(reinterpret_cast<const uint2 *>(zp));
+#pragma unroll
+    for (int v = 0; v < kLaneWords; ++v) r.s[v] = __ldg(reinterpret_cast<const uint4 *>(sp) + v);
+}
+
+template <class T> __device__ __forceinline__ void decode_group(Group &gs, const RawGroup &r)
+{
+    const uint32_t zw[kLaneWords] = {r.z.x, r.z.y};
+#pragma unroll
+    for (int v = 0; v < kLaneWords; ++v) {
+        const uint32_t sw[4] = {r.s[v].x, r.s[v].y, r.s[v].z, r.s[v].w};
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+            uint32_t zp = (((zw[v] >> (4 * p)) & 0xFu) * 0x10001u) | Bits<T>::kMagic;
+            if constexpr (std::is_same<T, F16T>::value)
+                if (p & 1) zp = half2_bits(__hsub2_rn(as_half2(kF16Base960), as_half2(zp)));
+            const int c = nibble_col(p);
+            gs.z[v][p] = zp;
+            gs.s[v][p] = __byte_perm(sw[c >> 1], 0u, (c & 1) ? 0x3232u : 0x1010u);
+        }
+    }
+}
+
+/* Why: the two A registers of one row pair (words lo, hi of rows k, k+1) for byte B:
+ * the exact W of nibble 2B (even) and 2B + 1 (odd) of both rows. */
+template <class T, int B>
+__device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t ze, uint32_t zo, uint32_t se,
+                                             uint32_t so, uint32_t &even, uint32_t &odd)
+{
+    constexpr uint32_t sel = B | (B << 4) | ((4 + B) << 8) | ((4 + B) << 12);
+    const uint32_t r = __byte_perm(lo, hi, sel);
+    even = mul2<T>(sub2<T>(and_or<0x000F000Fu, Bits<T>::kMagic>(r), ze), se);
+    if constexpr (std::is_same<T, F16T>::value) {
+        const __half2 q16 = as_half2(and_or<0x00F000F0u, Bits<T>::kMagic>(r)); /* 1024 + 16q */
+        odd = mul2<T>(half2_bits(__hfma2(q16, as_half2(kF16Sixteenth), as_half2(zo))), so);
+    } else {
+        odd = mul2<T>(sub2<T>(and_or<0x000F000Fu, Bits<T>::kMagic>(r >> 4), zo), so);
+    }
+}
+
+template <class T, int B>
+__device__ __forceinline__ void compute_byte(float (&acc)[kLaneWords][4][4], const Step &st, const Group &gs)
+{
+#pragma unroll
+    for (int v = 0; v < kLaneWords; ++v) {
+        uint32_t a0, a1, a2, a3;
+        dequant_byte<T, B>(st.w[0][v], st.w[1][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
+                           gs.s[v][2 * B + 1], a0, a1);
+        dequant_byte<T, B>(st.w[2][v], st.w[3][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
+                           gs.s[v][2 * B + 1], a2, a3);
+        mma<T>(acc[v][B], a0, a1, a2, a3, st.b[0], st.b[1]);
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void compute(float (&acc)[kLaneWords][4][4], const Step &st, const Group &gs)
+{
+    compute_byte<T, 0>(acc, st, gs);
+    compute_byte<T, 1>(acc, st, gs);
+    compute_byte<T, 2>(acc, st, gs);
+    compute_byte<T, 3>(acc, st, gs);
+}
+
+/* ---- the ring: cp.async into a warp's own shared memory ------------------- */
+
+/* Why: 8 bytes of qweight (2 words), asking L2 for the 256-byte neighbourhood
+ * (the next strips read it at about the same time). */
+__device__ __forceinline__ void cp_words(uint32_t dst, const uint32_t *src)
+{
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 8;" ::"r"(dst), "l"(src));
+}
+
+/* Why: 4 bytes of x, or 4 zero bytes (source size 0) for a row past M. */
+__device__ __forceinline__ void cp_x(uint32_t dst, const char *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* Where the next step to copy is. */
+struct Cursor {
+    const uint32_t *qp; /* &qweight[k0 + 2i][cw] */
+    const char *xp;     /* &x[g][k0 + 2i] */
+};
+
+/* Why: one step's copies into the stage at shared address `stage`; the cursor moves on. */
+__device__ __forceinline__ void ring_issue(uint32_t stage, int lane, Cursor &cur, int64_t W, bool x_ok)
+{
+    const uint32_t w = stage + lane * kLaneWords * 4;
+    constexpr uint32_t kRow = 32 * kLaneWords * 4; /* bytes of one row of the stage */
+    cp_words(w, cur.qp);
+    cp_words(w + kRow, cur.qp + W);
+    cp_words(w + 2 * kRow, cur.qp + 8 * W);
+    cp_words(w + 3 * kRow, cur.qp + 9 * W);
+    const uint32_t xs = stage + 4 * kRow + lane * 4;
+    cp_x(xs, cur.xp, x_ok);
+    cp_x(xs + 32 * 4, cur.xp + 8 * sizeof(uint16_t), x_ok);
+    cur.qp += kStepK * W;
+    cur.xp += kStepK * sizeof(uint16_t);
+}
+
+/* Why: a landed stage into registers (each lane reads back only what it copied). */
+__device__ __forceinline__ void ring_read(Step &st, const char *stage, int lane)
+{
+    constexpr int kRow = 32 * kLaneWords * 4;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(stage + r * kRow + lane * kLaneWords * 4);
+        st.w[r][0] = u.x;
+        st.w[r][1] = u.y;
+    }
+    st.b[0] = *reinterpret_cast<const uint32_t *>(stage + 4 * kRow + lane * 4);
+    st.b[1] = *reinterpret_cast<const uint32_t *>(stage + 4 * kRow + 32 * 4 + lane * 4);
+}
+
+/* Why: the k16 steps [s_begin, s_end) of one warp into acc through its ring;
+ * returns with every copy of the warp landed (the ring is free). */
+template <class T>
+__device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const Args &a, int s_begin, int s_end,
+                                         int64_t cw, int g, int i, int lane, char *ring)
+{
+    int group = s_begin / a.spg;
+    int next_start = (group + 1) * a.spg; /* first step of the next group */
+    const uint32_t *zp = a.qzeros + group * a.W + cw;
+    const int64_t sp_pitch = a.N * (int64_t)sizeof(uint16_t);
+    const char *sp = a.scales + group * sp_pitch + cw * AWQ_COLS_PER_WORD * (int64_t)sizeof(uint16_t);
+
+    RawGroup raw, next;
+    load_group(raw, zp, sp);
+    if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
+
+    const int64_t k0 = (int64_t)s_begin * kStepK;
+    Cursor cur;
+    cur.qp = a.qweight + (k0 + 2 * i) * a.W + cw;
+    cur.xp = a.x + ((int64_t)g * a.K + k0 + 2 * i) * (int64_t)sizeof(uint16_t);
+    const bool x_ok = g < a.M;
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(ring);
+    /* kRing - 1 steps in flight; a commit per step, empty past the slice, keeps the count */
+#pragma unroll
+    for (int d = 0; d < kRing - 1; ++d) {
+        if (s_begin + d < s_end) ring_issue(base + d * kStageBytes, lane, cur, a.W, x_ok);
+        cp_commit();
+    }
+
+    Group gs;
+    decode_group<T>(gs, raw);
+    int slot = 0;
+    for (int s = s_begin; s < s_end; ++s) {
+        const int refill = slot == 0 ? kRing - 1 : slot - 1; /* the stage step s - 1 used */
+        if (s + kRing - 1 < s_end) ring_issue(base + refill * kStageBytes, lane, cur, a.W, x_ok);
+        cp_commit();
+        cp_wait<kRing - 1>(); /* step s's copies have landed */
+        Step st;
+        ring_read(st, ring + slot * kStageBytes, lane);
+        slot = slot == kRing - 1 ? 0 : slot + 1;
+        if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
+            decode_group<T>(gs, next);
+            next_start += a.spg;
+            zp += a.W;
+            sp += sp_pitch;
+            if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
+        }
+        compute<T>(acc, st, gs);
+    }
+    cp_wait<0>();
+}
+
+/* Why: bias in float32, one rounding, one 16-byte store of 8 outputs. */
+template <class T> __device__ __forceinline__ void finish(const Args &a, int64_t row, int64_t col, float (&v)[8])
+{
+    if (a.bias != nullptr) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(a.bias + col * 2));
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            v[2 * p] += scale_to_float<T>(w[p] & 0xFFFFu);
+            v[2 * p + 1] += scale_to_float<T>(w[p] >> 16);
+        }
+    }
+    uint4 o;
+    o.x = pack_pair<T>(v[0], v[1]);
+    o.y = pack_pair<T>(v[2], v[3]);
+    o.z = pack_pair<T>(v[4], v[5]);
+    o.w = pack_pair<T>(v[6], v[7]);
+    *reinterpret_cast<uint4 *>(a.y + (row * a.N + col) * 2) = o;
+}
+
+/* Why: the next 8 partial sums of one output word, added in place. */
+__device__ __forceinline__ void add8(const float *p, float (&v)[8])
+{
+    const float4 t0 = reinterpret_cast<const float4 *>(p)[0], t1 = reinterpret_cast<const float4 *>(p)[1];
+    v[0] += t0.x, v[1] += t0.y, v[2] += t0.z, v[3] += t0.w;
+    v[4] += t1.x, v[5] += t1.y, v[6] += t1.z, v[7] += t1.w;
+}
+
+#endif /* __CUDA_ARCH__ >= 800 */
+
+/* Block: blockDim.x = 32 x warps, warp w = slice rank * warps + w of the
+ * strip's K; grid.x = strips x split, the split blocks of a strip one cluster. */
+template <class T> __global__ void __launch_bounds__(kMaxThreads, 2) kernel(const Args a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ float4 gemv_shared[];
+    char *smem = reinterpret_cast<char *>(gemv_shared);
+    constexpr float kZero = 0.0f;
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int g = lane >> 2, i = lane & 3;
+    const int64_t strip = blockIdx.x / a.split;
+    const int rank = (int)(blockIdx.x - strip * a.split); /* == the block's rank in its cluster */
+    const int64_t w0 = strip * kStripWords;                /* first word column of the strip */
+    /* the lane's words, clamped: past N they feed only outputs that are never stored */
+    const int64_t cw = min(w0 + g * kLaneWords, a.W - kLaneWords);
+
+    const int nslices = a.split * warps;
+    const int slice = rank * warps + warp;
+    const int s_begin = (int)((int64_t)slice * a.nsteps / nslices);
+    const int s_end = (int)((int64_t)(slice + 1) * a.nsteps / nslices);
+
+    float acc[kLaneWords][4][4];
+#pragma unroll
+    for (int v = 0; v < kLaneWords; ++v)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[v][b][e] = kZero;
+    if (s_begin < s_end) mainloop<T>(acc, a, s_begin, s_end, cw, g, i, lane, smem + warp * kWarpSmem);
+    __syncwarp(); /* every lane's copies have landed: the ring may be overwritten */
+
+    if (warps == 1 && a.split == 1) {
+        /* one slice: each lane stores its own outputs, 8 columns of a word at a time */
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int m = 2 * i + e2;
+            if (m >= a.M) continue;
+#pragma unroll
+            for (int v = 0; v < kLaneWords; ++v) {
+                const int64_t wc = w0 + g * kLaneWords + v;
+                if (wc >= a.W) continue;
+                float o[8];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    o[nibble_col(2 * b)] = acc[v][b][e2];
+                    o[nibble_col(2 * b + 1)] = acc[v][b][2 + e2];
+                }
+                finish<T>(a, m, wc * AWQ_COLS_PER_WORD, o);
+            }
+        }
+        return;
+    }
+
+    /* the warp's partial sums [M][128] into its own ring */
+    float *mine = reinterpret_cast<float *>(smem + warp * kWarpSmem);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int m = 2 * i + (e & 1);
+        if (m >= a.M) continue;
+#pragma unroll
+        for (int v = 0; v < kLaneWords; ++v)
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+                mine[m * kStripCols + (g * kLaneWords + v) * AWQ_COLS_PER_WORD + nibble_col(2 * b + (e >> 1))] =
+                    acc[v][b][e];
+    }
+    __syncthreads();
+
+    /* the block's sum, warp 0 first, then 1, ..., warps-1, in units of one output word */
+    constexpr int kUnitsPerRow = kStripWords;
+    const int units = a.M * kUnitsPerRow;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        const int m = u / kUnitsPerRow, o = u % kUnitsPerRow;
+        const int off = m * kStripCols + o * AWQ_COLS_PER_WORD;
+        float v[8] = {kZero, kZero, kZero, kZero, kZero, kZero, kZero, kZero};
+        for (int w = 0; w < warps; ++w) add8(reinterpret_cast<const float *>(smem + w * kWarpSmem) + off, v);
+        if (a.split == 1) {
+            if (w0 + o < a.W) finish<T>(a, m, (w0 + o) * AWQ_COLS_PER_WORD, v);
+        } else {
+            /* in warp 0's partials: only this thread reads and writes unit u */
+            float4 *q = reinterpret_cast<float4 *>(reinterpret_cast<float *>(smem) + off);
+            q[0] = make_float4(v[0], v[1], v[2], v[3]);
+            q[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+#if __CUDA_ARCH__ >= 900
+    if (a.split > 1) {
+        /* the cluster's sum, rank 0 first, then 1, ..., split-1; each block finishes a share */
+        cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+        cluster.sync();
+        float *part = reinterpret_cast<float *>(smem);
+        for (int u = rank * blockDim.x + threadIdx.x; u < units; u += a.split * blockDim.x) {
+            const int m = u / kUnitsPerRow, o = u % kUnitsPerRow;
+            if (w0 + o >= a.W) continue;
+            const int off = m * kStripCols + o * AWQ_COLS_PER_WORD;
+            float v[8] = {kZero, kZero, kZero, kZero, kZero, kZero, kZero, kZero};
+            for (int q = 0; q < a.split; ++q) add8(cluster.map_shared_rank(part, q) + off, v);
+            finish<T>(a, m, (w0 + o) * AWQ_COLS_PER_WORD, v);
+        }
+        cluster.sync(); /* no block leaves while another reads its partials */
+    }
+#endif
+#else
+    (void)a; /* before sm_80: the host never launches it */
+#endif
+}
+
+} // namespace gemv
+} // namespace awq_cu
+
+#endif /* AWQ_CUDA_LINEAR_GEMV_CUH */
