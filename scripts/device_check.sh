@@ -2,8 +2,9 @@
 # Everything the GPU half needs checked, in one call on a CUDA machine:
 # build, the test suite, the compute-sanitizer sweep, the full benchmark, four
 # host-only reruns of the benchmark (two per launch path), the host-time
-# probe, and the linear benchmark (bench --linear).  Full logs go to
-# $OUT (default ./device_out); a short summary is printed last.
+# probe, the linear benchmark (bench --linear), the decoder-layer and
+# conversion benchmarks and the read-only floor (scripts/read_floor.py).
+# Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
 #
@@ -77,6 +78,9 @@ python3 "$R/scripts/decoder_layer_bench.py" > "$OUT/decoder.txt" 2>&1
 echo "decoder bench rc $?" >> "$OUT/decoder.txt"
 python3 "$R/scripts/convert_bench.py" --device cuda > "$OUT/convert.txt" 2>&1
 echo "convert bench rc $?" >> "$OUT/convert.txt"
+# The decode kernel against a kernel that only reads the packed weights.
+python3 "$R/scripts/read_floor.py" > "$OUT/read_floor.txt" 2>&1
+echo "read floor rc $?" >> "$OUT/read_floor.txt"
 
 # The summary (the device tool returns the end of the output).
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
@@ -91,3 +95,4 @@ sed -n '/^Verdict: the targets/,/^result:/p' "$OUT/bench_linear.txt" | head -45
 grep -E "^bench --linear rc" "$OUT/bench_linear.txt"
 tail -8 "$OUT/decoder.txt"
 tail -8 "$OUT/convert.txt"
+cat "$OUT/read_floor.txt"

@@ -8,8 +8,9 @@ every timed launch, one launch between CUDA events, median of trials x runs):
   16-byte loads (256-thread blocks, 8 per SM, 4 loads in flight per thread,
   the words XOR-ed into a register) and writes nothing -- no kernel that
   streams the weights from memory once can be faster by much;
-- `fused`: awq_fast_dequant.linear(x, ..., out=y, path="fused"), the
-  default configuration, checked against the float64 reference;
+- `fused`: awq_fast_dequant.linear(x, ..., out=y, path="fused"): the fused
+  configuration of the autotune cache (tuned at the first, untimed call when
+  the cache has none), checked against the float64 reference;
 - the floor model of `bench --linear`: the launch floor (v4 on a 1x8 layer)
   plus the layer's bytes at the device-to-device copy bandwidth, both
   measured here.
