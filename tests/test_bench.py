@@ -786,3 +786,24 @@ def test_host_overhead_has_the_linear_rows(tmp_path, monkeypatch):
     assert code == 0
     for name in ("linear(out=out) fused, M=1", "linear(out=out) auto, M=1 cache hit"):
         assert cases[name]["error"] is None and cases[name]["median_us"] > 0
+
+
+def test_smart_pick_reads_dequantize_entries_only(monkeypatch):
+    """A linear entry of the same layer and dtype (the newer line of the
+    file) is not smart_dequantize's pick."""
+    import types
+
+    from awq_fast_dequant.bench import measure
+    from awq_fast_dequant.bench.shapes import Shape
+
+    gen = awq.build_info()["kernel_generations"]["cpu"]
+    common = dict(device="cpu x86_64 test 2t", gen=gen, K=256, N=512, G=128,
+                  scales_dtype="float16", out_dtype="float16", block_size=0, rows=0, split=0,
+                  threads=2, chunk=64, us=1.0)
+    entries = [dict(common, op="dequantize", M=0, kernel="cpu"),
+               dict(common, op="linear", M=1, kernel="dequant")]
+    monkeypatch.setattr(awq, "cache_entries", lambda: [dict(e) for e in entries])
+    ctx = types.SimpleNamespace(kind="cpu", cfg=types.SimpleNamespace(dtype="float16"))
+    pick = measure.smart_pick(ctx, Shape("custom", 256, 512, 128))
+    assert pick is not None and pick["op"] == "dequantize" and pick["kernel"] == "cpu"
+

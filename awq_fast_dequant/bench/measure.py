@@ -83,6 +83,6 @@ def cache_matches(ctx, **fields) -> list[dict]:
 def smart_pick(ctx, shape: Shape) -> dict | None:
     """The autotune cache entry smart_dequantize uses for this layer, if any."""
     dtype = ctx.cfg.dtype
-    match = cache_matches(ctx, K=shape.K, N=shape.N, G=shape.G, scales_dtype=dtype,
-                          out_dtype=dtype)
+    match = cache_matches(ctx, op="dequantize", K=shape.K, N=shape.N, G=shape.G,
+                          scales_dtype=dtype, out_dtype=dtype)
     return dict(match[-1]) if match else None
