@@ -286,53 +286,50 @@ def test_cuda_fused_within_tolerance(rng, dtype, K, N, G):
         assert_linear_close(y, tx, tqw, tqz, tsc, tb)
 
 
-@cuda
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_cuda_identity_rows_give_w_exactly(rng, dtype):
-    torch = pytest.importorskip("torch")
-    K, N, G = 128, 200, 32
+def _identity_problem(torch, rng, K, N, G, dtype):
+    """Weights whose scales include subnormal, large and tiny values, on the
+    GPU, with their dequantization (float32) and the identity of size K."""
     qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
     sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3, 1e3, 2.0**-130]
     td = getattr(torch, dtype)
     tqw, tqz = torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda()
     tsc = torch.from_numpy(sc).to("cuda", td)
     want = awq.dequantize(tqw, tqz, tsc).float()
-    x = torch.eye(K, device="cuda", dtype=td)
+    return tqw, tqz, tsc, want, torch.eye(K, device="cuda", dtype=td)
+
+
+def _config_rows(torch, x, tqw, tqz, tsc, cfg):
+    out = torch.full((x.shape[0], tqw.shape[1] * 8), float("nan"), device="cuda", dtype=x.dtype)
+    _C._dev.linear_config(x, tqw, tqz, tsc, None, out, cfg)
+    return out.float()
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_identity_rows_give_w_exactly(rng, dtype):
+    torch = pytest.importorskip("torch")
+    tqw, tqz, tsc, want, x = _identity_problem(torch, rng, 128, 200, 32, dtype)
     for cfg in _C._dev.linear_candidates(x, tqw, tqz, tsc) + [{"kernel": "dequant"}]:
-        out = torch.full((K, N), float("nan"), device="cuda", dtype=td)
-        _C._dev.linear_config(x, tqw, tqz, tsc, None, out, cfg)
-        assert torch.equal(out.float(), want), cfg
-
-
-def _gemv_candidates(x, qw, qz, sc):
-    return [c for c in _C._dev.linear_candidates(x, qw, qz, sc) if c["kernel"] == "gemv"]
+        assert torch.equal(_config_rows(torch, x, tqw, tqz, tsc, cfg), want), cfg
 
 
 @cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
     """The decode kernel's W is the dequantize kernels' W, bit for bit: 8 rows
-    of the identity at a time give 8 rows of W, subnormal, large and tiny
-    scales included, through every decode configuration."""
+    of the identity at a time give 8 rows of W through every decode
+    configuration."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
-    K, N, G = 256, 272, 32
-    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
-    sc[0, :8] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3, 1e3, 2.0**-130]
-    td = getattr(torch, dtype)
-    tqw, tqz = torch.from_numpy(qw).cuda(), torch.from_numpy(qz).cuda()
-    tsc = torch.from_numpy(sc).to("cuda", td)
-    want = awq.dequantize(tqw, tqz, tsc).float()
-    eye = torch.eye(K, device="cuda", dtype=td)
-    cands = _gemv_candidates(eye[:8], tqw, tqz, tsc)
-    assert cands and _C._dev.linear_candidates(eye[:8], tqw, tqz, tsc)[0]["kernel"] == "gemv"
-    for cfg in cands:
+    K = 256
+    tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 272, 32, dtype)
+    cands = _C._dev.linear_candidates(eye[:8], tqw, tqz, tsc)
+    assert cands[0]["kernel"] == "gemv"
+    for cfg in (c for c in cands if c["kernel"] == "gemv"):
         for r0 in range(0, K, 8):
-            x = eye[r0:r0 + 8].contiguous()
-            out = torch.full((8, N), float("nan"), device="cuda", dtype=td)
-            _C._dev.linear_config(x, tqw, tqz, tsc, None, out, cfg)
-            assert torch.equal(out.float(), want[r0:r0 + 8]), (cfg, r0)
+            got = _config_rows(torch, eye[r0:r0 + 8].contiguous(), tqw, tqz, tsc, cfg)
+            assert torch.equal(got, want[r0:r0 + 8]), (cfg, r0)
 
 
 @cuda

@@ -43,6 +43,7 @@
 #include "cuda/layout.cuh"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_layout.cuh"
+#include "cuda/linear_ops.cuh"
 
 using namespace awq_cu;
 namespace mm = awq_cu::mma_map;
@@ -143,17 +144,6 @@ template <int ROWS> constexpr int kMmaStages = ROWS >= 4 ? 2 : 4;
  * accumulators need, and so does the K-tail variant (rare: G == K only). */
 template <int ROWS, bool KTAIL> constexpr int kMmaMinBlocks = ROWS == 1 && !KTAIL ? 2 : 1;
 
-/* The arrays of a problem, as both kernels take them (byte pointers where
- * the element type is the kernel's template parameter). */
-struct LinearOperands {
-    const char *x;           /* [M, K] */
-    const uint32_t *qweight; /* [K, W] */
-    const uint32_t *qzeros;  /* [K/G, W] */
-    const char *scales;      /* [K/G, N] */
-    const char *bias;        /* [N] or nullptr */
-    char *y;                 /* [M, N] */
-};
-
 LinearOperands operands_of(const awq_linear_problem *p)
 {
     return LinearOperands{static_cast<const char *>(p->x), p->qweight, p->qzeros,
@@ -202,33 +192,13 @@ template <> struct MmaType<BF16T> {
     static constexpr uint32_t kMagic = mm::kBF16PairMagic;
 };
 
-/* Why: (x & mask) | bits in one LOP3 (the compiler emits two for constant operands). */
-template <uint32_t MASK, uint32_t BITS> __device__ __forceinline__ uint32_t and_or(uint32_t x)
-{
-    uint32_t r;
-    /* immLut 0xEA = (a & b) | c with a = 0xF0, b = 0xCC, c = 0xAA */
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(MASK), "n"(BITS));
-    return r;
-}
-
 /* Why: the exact dequantized pair W = ((base + q) - (base + z)) * s in the
  * dtype's own x2 arithmetic, from the nibble pair q (kNibblePairMask bits):
  * the subtraction is exact, the product rounds once, to nearest even -- the
  * same bits as the dequantize kernels. */
 template <class T> __device__ __forceinline__ uint32_t dequant_pair(uint32_t qb, uint32_t z, uint32_t s)
 {
-    if constexpr (std::is_same<T, F16T>::value) {
-        return half2_bits(__hmul2_rn(__hsub2_rn(as_half2(qb), as_half2(z)), as_half2(s)));
-    } else {
-        __nv_bfloat162 hq, hz, hs;
-        memcpy(&hq, &qb, 4);
-        memcpy(&hz, &z, 4);
-        memcpy(&hs, &s, 4);
-        const __nv_bfloat162 r = __hmul2_rn(__hsub2_rn(hq, hz), hs);
-        uint32_t u;
-        memcpy(&u, &r, 4);
-        return u;
-    }
+    return mul2<T>(sub2<T>(qb, z), s);
 }
 
 /* Why: base + q of nibble p of the two words behind (low, high): the
@@ -236,22 +206,6 @@ template <class T> __device__ __forceinline__ uint32_t dequant_pair(uint32_t qb,
 template <class T> __device__ __forceinline__ uint32_t magic_pair(uint32_t low, uint32_t high, int p)
 {
     return and_or<mm::kNibblePairMask, MmaType<T>::kMagic>((p < 4 ? low : high) >> (4 * (p & 3)));
-}
-
-/* Why: one tensor-core step, d += A(16x16) * B(16x8), float32 accumulators. */
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    if constexpr (std::is_same<T, F16T>::value)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* Why: decode a group's zero word and scales once for all its steps. */
@@ -877,6 +831,18 @@ template <auto Kernel> cudaError_t allow_smem(int device, unsigned bytes, int64_
     return e;
 }
 
+/* A configuration with these launch fields (the others zero). */
+awq_config config_of(int kernel, int block_size, int rows, int split)
+{
+    awq_config c;
+    memset(&c, 0, sizeof c);
+    c.kernel = kernel;
+    c.block_size = block_size;
+    c.rows = rows;
+    c.split = split;
+    return c;
+}
+
 /* ---- the MMA kernel: when it applies, and its launch ------------------- */
 
 constexpr int kMmaRows[] = {1, 2, 4};
@@ -988,10 +954,7 @@ constexpr int kMinSliceSteps = 2;
 
 awq_config mma_default(const awq_linear_problem *p, const Device &d)
 {
-    awq_config c;
-    memset(&c, 0, sizeof c);
-    c.kernel = AWQ_KERNEL_MMA;
-    c.rows = p->M <= 16 ? 1 : p->M <= 32 ? 2 : 4;
+    awq_config c = config_of(AWQ_KERNEL_MMA, 0, p->M <= 16 ? 1 : p->M <= 32 ? 2 : 4, 0);
     const int warps_per_sm = c.rows == 1 ? 16 : c.rows == 2 ? 12 : 8;
     const int64_t units = mma_colblocks(p) * ceil_div(std::max<int64_t>(p->M, 1), mm::kTileM * c.rows);
     const int64_t nsteps = ceil_div(p->K, mm::kStepK);
@@ -1081,11 +1044,7 @@ constexpr int64_t kSimtMinSliceRows = 64;
 
 awq_config simt_default(const awq_linear_problem *p, const Device &d)
 {
-    awq_config c;
-    memset(&c, 0, sizeof c);
-    c.kernel = AWQ_KERNEL_SIMT;
-    c.block_size = kSimtBlock;
-    c.rows = p->M >= 3 ? 4 : p->M == 2 ? 2 : 1;
+    awq_config c = config_of(AWQ_KERNEL_SIMT, kSimtBlock, p->M >= 3 ? 4 : p->M == 2 ? 2 : 1, 0);
     const int64_t threads = (p->N / AWQ_COLS_PER_WORD) * ceil_div(std::max<int64_t>(p->M, 1), c.rows);
     const int64_t target = (int64_t)d.sms * d.threads_per_sm;
     int split = 1;
@@ -1128,12 +1087,7 @@ template <class T>
 cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, cudaStream_t stream)
 {
     gv::Args a;
-    a.x = static_cast<const char *>(p->x);
-    a.qweight = p->qweight;
-    a.qzeros = p->qzeros;
-    a.scales = static_cast<const char *>(p->scales);
-    a.bias = static_cast<const char *>(p->bias);
-    a.y = static_cast<char *>(p->y);
+    static_cast<LinearOperands &>(a) = operands_of(p);
     a.K = p->K;
     a.N = p->N;
     a.W = p->N / AWQ_COLS_PER_WORD;
@@ -1165,10 +1119,6 @@ constexpr int kGemvMinSliceSteps = 4;
 
 awq_config gemv_default(const awq_linear_problem *p, const Device &d)
 {
-    awq_config c;
-    memset(&c, 0, sizeof c);
-    c.kernel = AWQ_KERNEL_GEMV;
-    c.rows = 1;
     const int64_t strips = gemv_strips(p);
     const int64_t nsteps = p->K / gv::kStepK;
     const int64_t max_slices = d.clusters() ? (int64_t)gv::kMaxWarps * gv::kMaxSplit : gv::kMaxWarps;
@@ -1176,9 +1126,7 @@ awq_config gemv_default(const awq_linear_problem *p, const Device &d)
     while (slices < max_slices && strips * slices < (int64_t)kGemvWarpsPerSm * d.sms) slices *= 2;
     while (slices > 1 && slices * kGemvMinSliceSteps > nsteps) slices /= 2;
     const int split = slices >= 32 ? gv::kMaxSplit : (int)std::max<int64_t>(1, slices / gv::kMaxWarps);
-    c.split = split;
-    c.block_size = 32 * (int)(slices / split);
-    return c;
+    return config_of(AWQ_KERNEL_GEMV, 32 * (int)(slices / split), 1, split);
 }
 
 /* ---- configuration, dispatch ------------------------------------------ */
@@ -1308,15 +1256,6 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
                 return;
         configs[n++] = c;
     };
-    auto make = [](int kernel, int block, int rows, int split) {
-        awq_config c;
-        memset(&c, 0, sizeof c);
-        c.kernel = kernel;
-        c.block_size = block;
-        c.rows = rows;
-        c.split = split;
-        return c;
-    };
     add(default_config(p, d)); /* the default first: it survives a small cap */
 
     const int64_t nsteps = ceil_div(p->K, mm::kStepK);
@@ -1325,7 +1264,7 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
         static const int kGemvSlices[][2] = {{8, 1}, {4, 2}, {8, 2}, {4, 4}, {8, 4}, {4, 8}, {8, 8}, {2, 8}};
         for (const auto &ws : kGemvSlices)
             if ((int64_t)ws[0] * ws[1] * kGemvMinSliceSteps <= nsteps)
-                add(make(AWQ_KERNEL_GEMV, 32 * ws[0], 1, ws[1]));
+                add(config_of(AWQ_KERNEL_GEMV, 32 * ws[0], 1, ws[1]));
     }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */
@@ -1335,7 +1274,7 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
         for (int rows : kMmaRows) {
             if (rows != rows_def && rows != rows_def / 2) continue;
             for (const auto &ws : kSlices)
-                if ((int64_t)ws[0] * ws[1] <= std::max<int64_t>(nsteps, 1)) add(make(AWQ_KERNEL_MMA, 32 * ws[0], rows, ws[1]));
+                if ((int64_t)ws[0] * ws[1] <= std::max<int64_t>(nsteps, 1)) add(config_of(AWQ_KERNEL_MMA, 32 * ws[0], rows, ws[1]));
         }
     }
     /* SIMT: every problem (float32, odd G, misalignment, old GPUs); a few
@@ -1347,7 +1286,7 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
         static const int kSimtBlocks[] = {128, 256};
         static const int kSimtSplits[] = {1, 2, 4, 8};
         for (int block : kSimtBlocks)
-            for (int split : kSimtSplits) add(make(AWQ_KERNEL_SIMT, block, sd.rows, split));
+            for (int split : kSimtSplits) add(config_of(AWQ_KERNEL_SIMT, block, sd.rows, split));
     }
     return n;
 }

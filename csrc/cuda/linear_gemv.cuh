@@ -62,6 +62,7 @@
 #include <cstring>
 
 #include "cuda/layout.cuh"
+#include "cuda/linear_ops.cuh"
 
 namespace awq_cu {
 namespace gemv {
@@ -89,18 +90,12 @@ __host__ __device__ constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >>
 static_assert(nibble_col(AWQ_NIBBLE(1)) == 1 && nibble_col(AWQ_NIBBLE(2)) == 2 && nibble_col(AWQ_NIBBLE(7)) == 7,
               "nibble_col inverts AWQ_NIBBLE");
 
-struct Args {
-    const char *x;           /* [M, K] */
-    const uint32_t *qweight; /* [K, W] */
-    const uint32_t *qzeros;  /* [K/G, W] */
-    const char *scales;      /* [K/G, N] */
-    const char *bias;        /* [N] or nullptr */
-    char *y;                 /* [M, N] */
-    int64_t K, N, W;         /* W = N / 8 word columns, even */
-    int M;                   /* 1 .. kMaxM */
-    int nsteps;              /* K / 16 */
-    int spg;                 /* k16 steps per group: G / 16 */
-    int split;               /* blocks per cluster */
+struct Args : LinearOperands {
+    int64_t K, N, W; /* W = N / 8 word columns, even */
+    int M;           /* 1 .. kMaxM */
+    int nsteps;      /* K / 16 */
+    int spg;         /* k16 steps per group: G / 16 */
+    int split;       /* blocks per cluster */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -114,62 +109,6 @@ template <> struct Bits<BF16T> {
 };
 constexpr uint32_t kF16Sixteenth = 0x2C002C00u; /* 1/16 in both halves */
 constexpr uint32_t kF16Base960 = 0x63806380u;   /* 960 = 1024 - 64 in both halves */
-
-/* Why: (x & MASK) | BITS as one LOP3 (the compiler emits two for constant operands). */
-template <uint32_t MASK, uint32_t BITS> __device__ __forceinline__ uint32_t and_or(uint32_t x)
-{
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(MASK), "n"(BITS));
-    return r;
-}
-
-/* Why: a - b and a * b on packed pairs, each rounded once to nearest even, f16 or bf16. */
-template <class T> __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b)
-{
-    if constexpr (std::is_same<T, F16T>::value) {
-        return half2_bits(__hsub2_rn(as_half2(a), as_half2(b)));
-    } else {
-        __nv_bfloat162 x, y;
-        memcpy(&x, &a, 4);
-        memcpy(&y, &b, 4);
-        const __nv_bfloat162 r = __hsub2_rn(x, y);
-        uint32_t u;
-        memcpy(&u, &r, 4);
-        return u;
-    }
-}
-
-template <class T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b)
-{
-    if constexpr (std::is_same<T, F16T>::value) {
-        return half2_bits(__hmul2_rn(as_half2(a), as_half2(b)));
-    } else {
-        __nv_bfloat162 x, y;
-        memcpy(&x, &a, 4);
-        memcpy(&y, &b, 4);
-        const __nv_bfloat162 r = __hmul2_rn(x, y);
-        uint32_t u;
-        memcpy(&u, &r, 4);
-        return u;
-    }
-}
-
-/* Why: d += A (16x16, the weights) * B (16x8, x), float32 accumulators. */
-template <class T>
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1)
-{
-    if constexpr (std::is_same<T, F16T>::value)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 /* What one k16 step of a lane holds once its stage has landed. */
 struct Step {
@@ -236,12 +175,12 @@ __device__ __forceinline__ void compute_byte(float (&acc)[kLaneWords][4][4], con
 {
 #pragma unroll
     for (int v = 0; v < kLaneWords; ++v) {
-        uint32_t a0, a1, a2, a3;
+        uint32_t a[4]; /* A registers: rows (g, g + 8) x k pairs (2i, 2i + 8) */
         dequant_byte<T, B>(st.w[0][v], st.w[1][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
-                           gs.s[v][2 * B + 1], a0, a1);
+                           gs.s[v][2 * B + 1], a[0], a[1]);
         dequant_byte<T, B>(st.w[2][v], st.w[3][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
-                           gs.s[v][2 * B + 1], a2, a3);
-        mma<T>(acc[v][B], a0, a1, a2, a3, st.b[0], st.b[1]);
+                           gs.s[v][2 * B + 1], a[2], a[3]);
+        mma_16816<T>(acc[v][B], a, st.b[0], st.b[1]);
     }
 }
 
