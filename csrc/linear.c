@@ -222,7 +222,7 @@ PyObject *awq_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t narg
                               time_dequant_path, &job, &cfg) == 0;
         if (ok)
             ok = (cfg.kernel == AWQ_KERNEL_DEQUANT ? awq_linear_run_dequant_path(&job)
-                                                   : awq_run_linear(&job.p, &cfg)) == 0;
+                                                   : awq_run_linear_tuned(&job.p, &cfg)) == 0;
     }
     return awq_linear_job_release(&job, ok);
 }

@@ -55,18 +55,36 @@ int awq_run_dequantize(const awq_problem *p, const awq_config *c)
     return awq_raise_status(s, detail, p->device);
 }
 
-int awq_run_linear(const awq_linear_problem *p, const awq_config *c)
+static awq_status linear_backend(const awq_linear_problem *p, const awq_config *c, int *detail)
 {
     awq_status s;
-    int detail = 0;
-    if (p->M == 0 || p->N == 0)
-        return 0;
     if (p->device < 0) {
         Py_BEGIN_ALLOW_THREADS
         s = awq_cpu_linear(p, c);
         Py_END_ALLOW_THREADS
     } else {
-        s = awq_cuda_linear(p, c, &detail);
+        s = awq_cuda_linear(p, c, detail);
+    }
+    return s;
+}
+
+int awq_run_linear(const awq_linear_problem *p, const awq_config *c)
+{
+    int detail = 0;
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    return awq_raise_status(linear_backend(p, c, &detail), detail, p->device);
+}
+
+int awq_run_linear_tuned(const awq_linear_problem *p, const awq_config *c)
+{
+    int detail = 0;
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    awq_status s = linear_backend(p, c, &detail);
+    if (s == AWQ_ERR_CONFIG) { /* refused before anything was launched: the default fits */
+        const awq_config def = {.kernel = AWQ_KERNEL_AUTO};
+        s = linear_backend(p, &def, &detail);
     }
     return awq_raise_status(s, detail, p->device);
 }

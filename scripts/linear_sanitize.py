@@ -123,7 +123,10 @@ def main() -> int:
                     for offset in ((0, 1) if dtype != "float32" and bias else (0,)):
                         x, qw, qz, sc, b = problem(awq, torch, rng, M, K, N, G, dtype, bias, offset)
                         what = f"M={M} K={K} N={N} G={G} {dtype} bias={bias} offset={offset}"
-                        y = awq.linear(x, qw, qz, sc, b, group_size=G, path="fused")
+                        try:
+                            y = awq.linear(x, qw, qz, sc, b, group_size=G, path="fused")
+                        except Exception as e:
+                            raise RuntimeError(f"{what}: {e}") from e
                         torch.cuda.synchronize()
                         check(awq, torch, y, x, qw, qz, sc, b, G, what)
                         again = awq.linear(x, qw, qz, sc, b, group_size=G, path="fused")

@@ -333,6 +333,34 @@ def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
 
 
 @cuda
+def test_cuda_tuned_layer_then_a_misaligned_view(rng):
+    """The autotune cache is keyed by the layer and M bucket, not by the
+    arrays' alignment: after a call on aligned tensors tuned a kernel that
+    needs 16-byte alignment, a misaligned view of the same layer runs on the
+    default configuration instead of failing."""
+    torch = pytest.importorskip("torch")
+    M, K, N, G = 1, 256, 136, 32
+    arrays = linear_problem(rng, M, K, N, G, "float32", bias=True)
+    tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", "float16")
+    assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb, path="fused"), tx, tqw, tqz, tsc, tb)
+    tuned = [e for e in awq.cache_entries() if e["op"] == "linear" and (e["K"], e["N"], e["G"], e["M"])
+             == (K, N, G, 1) and e["scales_dtype"] == "float16" and not e["device"].startswith("cpu")]
+    if not tuned or tuned[-1]["kernel"] not in ("gemv", "mma"):
+        pytest.skip("autotune off, or the tuner picked a kernel that takes any alignment")
+
+    def shifted(t):  # the same values 2 bytes past an aligned address
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    mx, msc, mb = shifted(tx), shifted(tsc), shifted(tb)
+    assert msc.data_ptr() % 16 != 0
+    for path in ("fused", "auto"):
+        assert_linear_close(awq.linear(mx, tqw, tqz, msc, mb, path=path), tx, tqw, tqz, tsc, tb)
+
+
+@cuda
 def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
     """M <= 8 on a layer it can run goes to the decode kernel; what it cannot
     run (M = 9, N % 16 != 0, K % 16 != 0, float32) to the other kernels."""
