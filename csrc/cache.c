@@ -117,6 +117,16 @@ static const char *device_key(awq_state *st, int device, char *scratch, int *det
     return key;
 }
 
+/* The start of every lookup: the file loaded, the device part of the key
+ * (NULL with an exception set when the device cannot be asked) and the
+ * generation of that backend's kernels. */
+static const char *lookup_begin(awq_state *st, int device, char *scratch, int *gen, int *detail)
+{
+    ensure_loaded(st);
+    *gen = device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
+    return device_key(st, device, scratch, detail);
+}
+
 /* ---- tuning ---- */
 
 /* The tuner's clocks on CUDA: one warm-up launch, then a handful of timed
@@ -201,12 +211,11 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
     *done = 0;
     if (autotune_disabled(st))
         return 0;
-    ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
-    const char *dev = device_key(st, p->device, dev_scratch, &detail);
+    int gen;
+    const char *dev = lookup_begin(st, p->device, dev_scratch, &gen, &detail);
     if (dev == NULL)
         return -1;
-    const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_key_init(&key, dev, gen, p->K, p->N, p->G, p->scale_dtype, p->out_dtype) < 0)
         return 0; /* a key the file cannot hold: just run */
     /* An entry for the other backend (a file edited by hand) is a miss:
@@ -292,12 +301,11 @@ int awq_cache_linear(PyObject *module, const awq_linear_problem *p, int path,
     }
     if (autotune_disabled(st))
         return untuned(p, path, cfg);
-    ensure_loaded(st);
     char dev_scratch[AWQ_TUNE_DEVICE_LEN];
-    const char *dev = device_key(st, p->device, dev_scratch, &detail);
+    int gen;
+    const char *dev = lookup_begin(st, p->device, dev_scratch, &gen, &detail);
     if (dev == NULL)
         return -1;
-    const int gen = p->device >= 0 ? AWQ_CUDA_KERNELS_GEN : AWQ_CPU_KERNELS_GEN;
     if (awq_tune_linear_key_init(&key, dev, gen, p->K, p->N, p->G, p->dtype,
                                  awq_m_bucket(p->M)) < 0)
         return untuned(p, path, cfg);

@@ -59,7 +59,7 @@ def main() -> int:
     import torch
 
     import awq_fast_dequant as awq
-    from awq_fast_dequant.bench import PRESETS, CudaTimer, bytes_moved, cuda_copy_bandwidth, make_inputs
+    from awq_fast_dequant.bench import PRESETS, CudaTimer, cuda_copy_bandwidth, linear_bytes, make_inputs
 
     if not awq.cuda_available():
         print("read_floor.py: needs a CUDA device and a CUDA build", file=sys.stderr)
@@ -105,12 +105,13 @@ def main() -> int:
             def read(words=words, n16=n16):
                 kernel(grid, block, (words, cupy.uint64(n16), sink))
 
-            model_bytes = bytes_moved(K, N, G, "float16") - 2 * K * N + 2 * K + 2 * N  # linear's bytes, M = 1
-            model = floor_us + model_bytes / gbps / 1e3
+            # one row of x: the floor model's memory term is the larger one
+            model = floor_us + linear_bytes(1, K, N, G, "float16") / gbps / 1e3
             t_read = median(read)
             t_fused = median(lambda: awq.linear(x, qw, qz, sc, out=y, path="fused"))
-            want = x.double().cpu() @ awq.dequantize(qw, qz, sc).double().cpu()
-            bound = 2.0**-9 * (x.double().abs().cpu() @ awq.dequantize(qw, qz, sc).double().abs().cpu())
+            w64 = awq.dequantize(qw, qz, sc).double().cpu()
+            want = x.double().cpu() @ w64
+            bound = 2.0**-9 * (x.double().abs().cpu() @ w64.abs())
             ok = bool(((y.double().cpu() - want).abs() <= bound + 2.0**-10 * want.abs() + 2.0**-24).all())
             print(f"{K}x{N:<9} {model:>9.2f} us {t_read:>9.2f} us {t_fused:>5.2f} us "
                   f"{t_read / model:>10.2f} {t_fused / t_read:>10.2f}{'' if ok else '  OUTSIDE TOLERANCE'}")

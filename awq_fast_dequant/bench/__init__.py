@@ -32,7 +32,8 @@ Public names, for scripts and tests:
 - register_linear_impl(name, fn, ours=True) / unregister_linear_impl(name):
   the same for the rows of --linear, fn(linear case) returning y; there the
   injected one exchanges two output columns.
-- PRESETS, Shape, bytes_moved: the layer shapes and their roofline bytes.
+- PRESETS, Shape, bytes_moved: the layer shapes and their roofline bytes;
+  linear_bytes: the bytes of the linear floor model (M rows of x).
 - make_inputs, Case, cuda_case: the benchmark's data, on a device.
 - CudaTimer, cuda_copy_bandwidth: cold-L2 timing between CUDA events, and the
   copy bandwidth measured the same way.
@@ -46,6 +47,7 @@ from ._dev import empty_launch, launch_config, launch_path
 from .cases import Case, cuda_case, make_inputs
 from .impls import (register_impl, register_linear_impl, unregister_impl,
                     unregister_linear_impl)
+from .linear_model import linear_bytes
 from .report import table as text_table
 from .run import main
 from .shapes import PRESETS, Shape, bytes_moved
@@ -60,6 +62,7 @@ __all__ = [
     "PRESETS",
     "Shape",
     "bytes_moved",
+    "linear_bytes",
     "make_inputs",
     "Case",
     "cuda_case",

@@ -183,15 +183,6 @@ struct MmaGroup {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-/* The pair magic of each dtype (linear_layout.cuh). */
-template <class T> struct MmaType;
-template <> struct MmaType<F16T> {
-    static constexpr uint32_t kMagic = mm::kF16PairMagic;
-};
-template <> struct MmaType<BF16T> {
-    static constexpr uint32_t kMagic = mm::kBF16PairMagic;
-};
-
 /* Why: the exact dequantized pair W = ((base + q) - (base + z)) * s in the
  * dtype's own x2 arithmetic, from the nibble pair q (kNibblePairMask bits):
  * the subtraction is exact, the product rounds once, to nearest even -- the
@@ -205,7 +196,7 @@ template <class T> __device__ __forceinline__ uint32_t dequant_pair(uint32_t qb,
  * permuted word shifted to the nibble, masked, and the magic OR-ed in. */
 template <class T> __device__ __forceinline__ uint32_t magic_pair(uint32_t low, uint32_t high, int p)
 {
-    return and_or<mm::kNibblePairMask, MmaType<T>::kMagic>((p < 4 ? low : high) >> (4 * (p & 3)));
+    return and_or<mm::kNibblePairMask, PairMagic<T>::kValue>((p < 4 ? low : high) >> (4 * (p & 3)));
 }
 
 /* Why: decode a group's zero word and scales once for all its steps. */
@@ -214,7 +205,7 @@ template <class T> __device__ __forceinline__ void mma_decode_group(MmaGroup &gs
     const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
     for (int j = 0; j < mm::kTiles; ++j) {
-        gs.z[j] = mm::zero_pair(zword, AWQ_NIBBLE(j)) | MmaType<T>::kMagic;
+        gs.z[j] = mm::zero_pair(zword, AWQ_NIBBLE(j)) | PairMagic<T>::kValue;
         gs.s[j] = mm::scale_pair(sw[j >> 1], j);
     }
 }

@@ -100,13 +100,6 @@ struct Args : LinearOperands {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-template <class T> struct Bits;
-template <> struct Bits<F16T> {
-    static constexpr uint32_t kMagic = 0x64006400u; /* 1024 in both halves */
-};
-template <> struct Bits<BF16T> {
-    static constexpr uint32_t kMagic = 0x43004300u; /* 128 in both halves */
-};
 constexpr uint32_t kF16Sixteenth = 0x2C002C00u; /* 1/16 in both halves */
 constexpr uint32_t kF16Base960 = 0x63806380u;   /* 960 = 1024 - 64 in both halves */
 
@@ -143,12 +136,12 @@ template <class T> __device__ __forceinline__ void decode_group(Group &gs, const
         const uint32_t sw[4] = {r.s[v].x, r.s[v].y, r.s[v].z, r.s[v].w};
 #pragma unroll
         for (int p = 0; p < 8; ++p) {
-            uint32_t zp = (((zw[v] >> (4 * p)) & 0xFu) * 0x10001u) | Bits<T>::kMagic;
+            uint32_t zp = mma_map::zero_pair(zw[v], p) | PairMagic<T>::kValue;
             if constexpr (std::is_same<T, F16T>::value)
                 if (p & 1) zp = half2_bits(__hsub2_rn(as_half2(kF16Base960), as_half2(zp)));
             const int c = nibble_col(p);
             gs.z[v][p] = zp;
-            gs.s[v][p] = __byte_perm(sw[c >> 1], 0u, (c & 1) ? 0x3232u : 0x1010u);
+            gs.s[v][p] = mma_map::scale_pair(sw[c >> 1], c);
         }
     }
 }
@@ -161,12 +154,12 @@ __device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t 
 {
     constexpr uint32_t sel = B | (B << 4) | ((4 + B) << 8) | ((4 + B) << 12);
     const uint32_t r = __byte_perm(lo, hi, sel);
-    even = mul2<T>(sub2<T>(and_or<0x000F000Fu, Bits<T>::kMagic>(r), ze), se);
+    even = mul2<T>(sub2<T>(and_or<0x000F000Fu, PairMagic<T>::kValue>(r), ze), se);
     if constexpr (std::is_same<T, F16T>::value) {
-        const __half2 q16 = as_half2(and_or<0x00F000F0u, Bits<T>::kMagic>(r)); /* 1024 + 16q */
+        const __half2 q16 = as_half2(and_or<0x00F000F0u, PairMagic<T>::kValue>(r)); /* 1024 + 16q */
         odd = mul2<T>(half2_bits(__hfma2(q16, as_half2(kF16Sixteenth), as_half2(zo))), so);
     } else {
-        odd = mul2<T>(sub2<T>(and_or<0x000F000Fu, Bits<T>::kMagic>(r >> 4), zo), so);
+        odd = mul2<T>(sub2<T>(and_or<0x000F000Fu, PairMagic<T>::kValue>(r >> 4), zo), so);
     }
 }
 

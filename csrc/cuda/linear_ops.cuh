@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "cuda/layout.cuh"
+#include "cuda/linear_layout.cuh"
 
 namespace awq_cu {
 
@@ -27,6 +28,16 @@ struct LinearOperands {
     const char *scales;      /* [K/G, N] */
     const char *bias;        /* [N] or nullptr */
     char *y;                 /* [M, N] */
+};
+
+/* base in both halves of a packed pair, whose low mantissa bits a nibble q
+ * OR-ed in turns into base + q exactly (linear_layout.cuh): 1024 (f16), 128 (bf16). */
+template <class T> struct PairMagic;
+template <> struct PairMagic<F16T> {
+    static constexpr uint32_t kValue = mma_map::kF16PairMagic;
+};
+template <> struct PairMagic<BF16T> {
+    static constexpr uint32_t kValue = mma_map::kBF16PairMagic;
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
