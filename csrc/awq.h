@@ -115,7 +115,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 6
+#define AWQ_CUDA_KERNELS_GEN 7
 #define AWQ_CPU_KERNELS_GEN 3
 
 /* CUDA device ordinals the package keeps per-device facts for (device
@@ -172,7 +172,8 @@ typedef struct {
 typedef struct {
     int kernel;     /* awq_kernel */
     int block_size; /* CUDA threads per block; a multiple of 32 in [32, 1024] */
-    int rows;       /* v4: rows of one group per thread; mma: m16 tiles per warp; a power of two up to 64 */
+    int rows;       /* v4: rows of one group per thread; mma: m16 tiles per warp; gemv: ring stages;
+                       a power of two up to 64 */
     int split;      /* linear: slices of K reduced in a fixed order (CUDA: blocks of a cluster) */
     int threads;    /* CPU: worker threads */
     int64_t chunk;  /* CPU: rows (dequantize) or columns (linear) per work item */

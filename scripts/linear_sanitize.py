@@ -105,7 +105,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     shapes = [  # K, N, G
         (256, 136, 32),   # N = 136: the last column block holds one word column
-        (256, 272, 32),   # the decode kernel (M <= 8): 2 strips and a 2-word tail strip
+        (256, 288, 32),   # the decode kernel (M <= 8): 2 strips and a 4-word tail strip
         (256, 264, 128),
         (200, 72, 200),   # G = K = 200: the last k16 step passes K
         (202, 40, 202),   # K % 4 == 2: half of the last x quad past K

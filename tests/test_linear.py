@@ -323,7 +323,7 @@ def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
     K = 256
-    tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 272, 32, dtype)
+    tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 32, dtype)
     cands = _C._dev.linear_candidates(eye[:8], tqw, tqz, tsc)
     assert cands[0]["kernel"] == "gemv"
     for cfg in (c for c in cands if c["kernel"] == "gemv"):
@@ -363,7 +363,7 @@ def test_cuda_tuned_layer_then_a_misaligned_view(rng):
 @cuda
 def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
     """M <= 8 on a layer it can run goes to the decode kernel; what it cannot
-    run (M = 9, N % 16 != 0, K % 16 != 0, float32) to the other kernels."""
+    run (M = 9, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
@@ -376,6 +376,7 @@ def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
     assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8)] == ["gemv"] * 4
     assert first(9, 512, 256, 128) == "mma"
     assert first(1, 512, 200, 128) == "mma"       # N = 200: an odd number of words
+    assert first(1, 512, 272, 128) == "mma"       # N = 272: words not in fours
     assert first(1, 200, 256, 200) == "mma"       # K = G = 200: no whole k16 steps
     assert first(1, 512, 256, 128, "float32") == "simt"
 
@@ -384,12 +385,13 @@ def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_every_candidate_within_tolerance(rng, dtype):
     """Each configuration the tuner may pick, not only the default.  The
-    decode-kernel (gemv) shapes: a strip tail (N = 1040 is 8 strips and 2
-    words), G = K, G = 16 (a new group every step), M = 1..8."""
+    decode-kernel (gemv) shapes: strip tails (N = 1056 is 8 strips and 4
+    words, N = 288 2 strips and 4, N = 96 less than one strip), G = K, G = 16
+    (a new group every step), M = 1..8."""
     torch = pytest.importorskip("torch")
     for M, (K, N, G) in [(1, (1536, 1536, 128)), (5, (512, 200, 128)), (17, (200, 72, 200)),
-                         (64, (1024, 520, 64)), (130, (256, 136, 32)), (8, (640, 272, 64)),
-                         (3, (256, 48, 256)), (2, (96, 32, 16)), (7, (1024, 1040, 128)),
+                         (64, (1024, 520, 64)), (130, (256, 136, 32)), (8, (640, 288, 64)),
+                         (3, (256, 96, 256)), (2, (96, 32, 16)), (7, (1024, 1056, 128)),
                          (4, (4096, 1024, 128))]:
         tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                     dtype)

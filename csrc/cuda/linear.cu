@@ -1049,18 +1049,19 @@ awq_config simt_default(const awq_linear_problem *p, const Device &d)
 
 bool gemv_warps_ok(int w) { return w == 1 || w == 2 || w == 4 || w == gv::kMaxWarps; }
 bool gemv_split_ok(int s) { return s == 1 || s == 2 || s == 4 || s == gv::kMaxSplit; }
+bool gemv_ring_ok(int r) { return r == gv::kMinRing || r == gv::kMaxRing; }
 
 /* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 8,
- * whole k16 steps inside whole groups (K % 16 == 0, G % 16 == 0), an even
- * number of word columns (N % 16 == 0: 8-byte copies of qweight and qzeros
- * rows), x read as 4-byte pairs, scales, bias and y 16-byte aligned.  The
- * rest runs on the MMA or SIMT kernel. */
+ * whole k16 steps inside whole groups (K % 16 == 0, G % 16 == 0), word
+ * columns in fours (N % 32 == 0: 16-byte copies of qweight rows, 8-byte loads
+ * of qzeros), qweight, x, scales, bias and y 16-byte aligned.  The rest runs
+ * on the MMA or SIMT kernel. */
 bool gemv_problem_ok(const awq_linear_problem *p)
 {
     if (p->dtype != AWQ_F16 && p->dtype != AWQ_BF16) return false;
     if (p->M < 1 || p->M > gv::kMaxM || p->K <= 0 || p->K >= kMmaMaxK) return false;
-    if (p->K % gv::kStepK != 0 || p->G % gv::kStepK != 0 || p->N % (2 * AWQ_COLS_PER_WORD) != 0) return false;
-    return aligned(p->x, 4) && aligned(p->qweight, 8) && aligned(p->qzeros, 8) && aligned(p->scales, 16) &&
+    if (p->K % gv::kStepK != 0 || p->G % gv::kStepK != 0 || p->N % (4 * AWQ_COLS_PER_WORD) != 0) return false;
+    return aligned(p->x, 16) && aligned(p->qweight, 16) && aligned(p->qzeros, 8) && aligned(p->scales, 16) &&
            aligned(p->y, 16) && (!p->bias || aligned(p->bias, 16));
 }
 
@@ -1068,14 +1069,16 @@ int64_t gemv_strips(const awq_linear_problem *p) { return ceil_div(p->N / AWQ_CO
 
 bool gemv_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
 {
-    if (c->block_size % 32 != 0 || !gemv_warps_ok(c->block_size / 32) || c->rows != 1 || !gemv_split_ok(c->split))
+    if (c->block_size % 32 != 0 || !gemv_warps_ok(c->block_size / 32) || !gemv_ring_ok(c->rows) ||
+        !gemv_split_ok(c->split))
         return false;
     if (!d.tensor_cores() || (c->split > 1 && !d.clusters())) return false;
+    if (gv::smem_bytes(c->block_size / 32, c->rows) > d.smem_optin) return false;
     return gemv_problem_ok(p) && gemv_strips(p) * c->split <= 2147483647;
 }
 
-template <class T>
-cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, cudaStream_t stream)
+template <class T, int Ring>
+cudaError_t gemv_launch_ring(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     gv::Args a;
     static_cast<LinearOperands &>(a) = operands_of(p);
@@ -1089,15 +1092,24 @@ cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, c
     LaunchShape s;
     s.grid = dim3((unsigned)(gemv_strips(p) * c->split), 1, 1);
     s.block = dim3((unsigned)c->block_size, 1, 1);
-    s.smem = (unsigned)gv::smem_bytes(c->block_size / 32); /* <= 40 KB: no opt-in */
-    constexpr auto kernel = gv::kernel<T>;
+    s.smem = (unsigned)gv::smem_bytes(c->block_size / 32, Ring);
+    constexpr auto kernel = gv::kernel<T, Ring>;
+    const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
+    if (e != cudaSuccess) return e;
     if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
     return launch<kernel>(s, stream, a);
 }
 
-cudaError_t gemv_launch(const awq_linear_problem *p, const awq_config *c, cudaStream_t stream)
+template <class T>
+cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    return p->dtype == AWQ_F16 ? gemv_launch_type<F16T>(p, c, stream) : gemv_launch_type<BF16T>(p, c, stream);
+    return c->rows == gv::kMaxRing ? gemv_launch_ring<T, gv::kMaxRing>(p, c, d, stream)
+                                   : gemv_launch_ring<T, gv::kMinRing>(p, c, d, stream);
+}
+
+cudaError_t gemv_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    return p->dtype == AWQ_F16 ? gemv_launch_type<F16T>(p, c, d, stream) : gemv_launch_type<BF16T>(p, c, d, stream);
 }
 
 /* The decode default, from a sweep on the H200 (docs/KERNELS.md): K slices
@@ -1117,7 +1129,7 @@ awq_config gemv_default(const awq_linear_problem *p, const Device &d)
     while (slices < max_slices && strips * slices < (int64_t)kGemvWarpsPerSm * d.sms) slices *= 2;
     while (slices > 1 && slices * kGemvMinSliceSteps > nsteps) slices /= 2;
     const int split = slices >= 32 ? gv::kMaxSplit : (int)std::max<int64_t>(1, slices / gv::kMaxWarps);
-    return config_of(AWQ_KERNEL_GEMV, 32 * (int)(slices / split), 1, split);
+    return config_of(AWQ_KERNEL_GEMV, 32 * (int)(slices / split), gv::kMinRing, split);
 }
 
 /* ---- configuration, dispatch ------------------------------------------ */
@@ -1172,7 +1184,7 @@ cudaError_t launch_linear(const awq_linear_problem *p, const awq_config *c, cons
 {
     if (nothing_to_do(p)) return cudaSuccess;
     switch (c->kernel) {
-    case AWQ_KERNEL_GEMV: return gemv_launch(p, c, stream);
+    case AWQ_KERNEL_GEMV: return gemv_launch(p, c, d, stream);
     case AWQ_KERNEL_MMA: return mma_launch(p, c, d, stream);
     default: return simt_launch(p, c, d, stream);
     }
@@ -1255,7 +1267,7 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
         static const int kGemvSlices[][2] = {{8, 1}, {4, 2}, {8, 2}, {4, 4}, {8, 4}, {4, 8}, {8, 8}, {2, 8}};
         for (const auto &ws : kGemvSlices)
             if ((int64_t)ws[0] * ws[1] * kGemvMinSliceSteps <= nsteps)
-                add(config_of(AWQ_KERNEL_GEMV, 32 * ws[0], 1, ws[1]));
+                for (int ring : {gv::kMinRing, gv::kMaxRing}) add(config_of(AWQ_KERNEL_GEMV, 32 * ws[0], ring, ws[1]));
     }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */

@@ -13,12 +13,12 @@
  * ---- the mapping -------------------------------------------------------------
  * Lane t has groupID g = t / 4 and threadID_in_group i = t % 4 (PTX ISA).  A
  * warp owns a strip of 16 consecutive word columns (128 outputs): lane group
- * g reads the 2 words cw = strip + 2g, cw + 1 of the rows
+ * g takes the 2 words cw = strip + 2g, cw + 1 of the rows
  *
  *     k0 + 2i, k0 + 2i + 1, k0 + 2i + 8, k0 + 2i + 9         (one k16 step)
  *
- * with one 8-byte copy per row; the 8 groups side by side make each row's
- * 64 bytes of the strip contiguous.  These are the k of the ISA's A fragment
+ * from the shared-memory stage its warp copied (each row's 64 bytes of the
+ * strip in four 16-byte copies).  These are the k of the ISA's A fragment
  * for threadID_in_group i (registers 0/1: k = 2i, 2i+1; 2/3: k = 2i+8, 2i+9),
  * so B is x in its own order: b0 = x[g][k0+2i .. 2i+1], b1 = x[g][k0+8+2i ..].
  *
@@ -41,10 +41,11 @@
  * 16q: its high nibble is shifted down first.
  *
  * ---- pipeline, K slices and the reduction -------------------------------------
- * Each warp streams its k16 steps through a ring of kRing stages in shared
- * memory filled by cp.async (its own 16 rows x 64 bytes and its B registers
- * per stage): kRing - 1 steps of loads are in flight without holding
- * registers.  The warps of a block, and the blocks of a cluster (sm_90),
+ * Each warp streams its k16 steps through a ring of Ring stages (4 or 8, the
+ * configuration's `rows`) in shared memory filled by cp.async: per stage its
+ * strip's 16 rows x 64 bytes and 16 k of x, in 16-byte copies shared by the
+ * lanes (a warp barrier per step), Ring - 1 steps of loads in flight without
+ * holding registers.  The warps of a block, and the blocks of a cluster (sm_90),
  * share one strip and take contiguous slices of its steps: slice
  * rank * warps + warp.  The warps' partial sums meet in shared memory (each
  * in its own, drained ring) and are added in warp order; the blocks' sums
@@ -76,14 +77,18 @@ constexpr int kStripCols = kStripWords * AWQ_COLS_PER_WORD;       /* 128 outputs
 constexpr int kMaxWarps = 8;     /* K slices of a block */
 constexpr int kMaxThreads = 32 * kMaxWarps;
 constexpr int kMaxSplit = 8;     /* blocks of a cluster: the portable limit */
-constexpr int kRing = 4;         /* ring stages of a warp */
-/* One stage: 4 rows x 32 lanes x 2 words, then the two B registers of 32 lanes. */
-constexpr int kStageBytes = 4 * 32 * kLaneWords * 4 + 2 * 32 * 4;
-constexpr int kWarpSmem = kRing * kStageBytes; /* a warp's ring; later its partial sums */
-static_assert(kMaxM * kStripCols * (int)sizeof(float) <= kWarpSmem, "a warp's partials fit in its ring");
+/* Ring stages of a warp (the configuration's `rows`): Ring - 1 steps of
+ * copies in flight. */
+constexpr int kMinRing = 4;
+constexpr int kMaxRing = 8;
+/* One stage: the strip's 16 rows x 64 bytes, then 16 k of the 8 rows of x. */
+constexpr int kStageBytes = 16 * kStripWords * 4 + kMaxM * kStepK * 2;
+/* A warp's ring; later its partial sums. */
+__host__ __device__ constexpr int warp_smem(int ring) { return ring * kStageBytes; }
+static_assert(kMaxM * kStripCols * (int)sizeof(float) <= warp_smem(kMinRing), "a warp's partials fit in its ring");
 
-/* Dynamic shared memory of a block of `warps` warps. */
-__host__ __device__ constexpr int smem_bytes(int warps) { return warps * kWarpSmem; }
+/* Dynamic shared memory of a block of `warps` warps with rings of `ring` stages. */
+__host__ __device__ constexpr int smem_bytes(int warps, int ring) { return warps * warp_smem(ring); }
 
 /* Output column, inside its word, of nibble p (the inverse of AWQ_NIBBLE). */
 __host__ __device__ constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >> 2); }
@@ -188,64 +193,82 @@ __device__ __forceinline__ void compute(float (&acc)[kLaneWords][4][4], const St
 
 /* ---- the ring: cp.async into a warp's own shared memory ------------------- */
 
-/* Why: 8 bytes of qweight (2 words), asking L2 for the 256-byte neighbourhood
- * (the next strips read it at about the same time). */
-__device__ __forceinline__ void cp_words(uint32_t dst, const uint32_t *src)
+/* A stage's rows: k16 row r of the strip (64 bytes) sits in row slot
+ * r ^ ((r >> 1) & 1), so that the four rows 2i + d (i = 0..3) a fragment
+ * read takes fall in alternate halves of the 128 bytes of banks: two
+ * wavefronts for 256 bytes, no conflict.  x follows, row m of x (16 k) at
+ * kRowsBytes + 32 m. */
+constexpr int kRowBytes = kStripWords * 4;      /* 64 */
+constexpr int kRowsBytes = kStepK * kRowBytes;  /* 1024 */
+__host__ __device__ constexpr int row_slot(int r) { return r ^ ((r >> 1) & 1); }
+static_assert(kStageBytes == kRowsBytes + kMaxM * kStepK * 2, "a stage is the strip's rows, then x");
+
+/* Why: 16 bytes of qweight, asking L2 for the 256-byte neighbourhood (the
+ * next strips read it at about the same time). */
+__device__ __forceinline__ void cp_16(uint32_t dst, const void *src)
 {
-    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 8;" ::"r"(dst), "l"(src));
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
 
-/* Why: 4 bytes of x, or 4 zero bytes (source size 0) for a row past M. */
-__device__ __forceinline__ void cp_x(uint32_t dst, const char *src, bool ok)
+/* Why: 16 bytes of x, or 16 zero bytes (source size 0) for a row past M. */
+__device__ __forceinline__ void cp_16_or_zero(uint32_t dst, const void *src, bool ok)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
 }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-/* Where the next step to copy is. */
-struct Cursor {
-    const uint32_t *qp; /* &qweight[k0 + 2i][cw] */
-    const char *xp;     /* &x[g][k0 + 2i] */
+/* A lane's share of the copies of one step: 16 bytes (4 words) of rows
+ * r0 = lane / 4 and r0 + 8 of the strip, chunk lane % 4; lanes 0..15 also
+ * 16 bytes of x: row lane / 2 of x, k half lane % 2.  The lanes' fragments
+ * come from all of them: a warp barrier separates the copies from the
+ * reads. */
+struct Copier {
+    const uint32_t *qp; /* &qweight[k0 + r0][chunk] */
+    const char *xp;     /* &x[m][k0 + 8 h] */
+    uint32_t q_dst;     /* offset of the lane's qweight chunk in a stage */
+    uint32_t x_dst;     /* offset of its x chunk */
+    bool x_copy, x_ok;  /* lanes 0..15 copy x; rows past M are zeros */
 };
 
-/* Why: one step's copies into the stage at shared address `stage`; the cursor moves on. */
-__device__ __forceinline__ void ring_issue(uint32_t stage, int lane, Cursor &cur, int64_t W, bool x_ok)
+/* Why: one step's copies into the stage at shared address `stage`; the copier moves on. */
+__device__ __forceinline__ void ring_issue(uint32_t stage, Copier &c, int64_t W)
 {
-    const uint32_t w = stage + lane * kLaneWords * 4;
-    constexpr uint32_t kRow = 32 * kLaneWords * 4; /* bytes of one row of the stage */
-    cp_words(w, cur.qp);
-    cp_words(w + kRow, cur.qp + W);
-    cp_words(w + 2 * kRow, cur.qp + 8 * W);
-    cp_words(w + 3 * kRow, cur.qp + 9 * W);
-    const uint32_t xs = stage + 4 * kRow + lane * 4;
-    cp_x(xs, cur.xp, x_ok);
-    cp_x(xs + 32 * 4, cur.xp + 8 * sizeof(uint16_t), x_ok);
-    cur.qp += kStepK * W;
-    cur.xp += kStepK * sizeof(uint16_t);
+    cp_16(stage + c.q_dst, c.qp);
+    cp_16(stage + c.q_dst + 8 * kRowBytes, c.qp + 8 * W);
+    if (c.x_copy) cp_16_or_zero(stage + c.x_dst, c.xp, c.x_ok);
+    c.qp += kStepK * W;
+    c.xp += kStepK * sizeof(uint16_t);
 }
 
-/* Why: a landed stage into registers (each lane reads back only what it copied). */
-__device__ __forceinline__ void ring_read(Step &st, const char *stage, int lane)
+/* Where a lane's fragments sit in a stage: rows 2i, 2i + 1 (+ 8 for the
+ * second pair) at bytes 8g of the strip, x row g at k 2i and 2i + 8. */
+struct Reader {
+    uint32_t r0, r1, x;
+};
+
+/* Why: a landed stage into registers. */
+__device__ __forceinline__ void ring_read(Step &st, const char *stage, const Reader &r)
 {
-    constexpr int kRow = 32 * kLaneWords * 4;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const uint2 u = *reinterpret_cast<const uint2 *>(stage + r * kRow + lane * kLaneWords * 4);
-        st.w[r][0] = u.x;
-        st.w[r][1] = u.y;
-    }
-    st.b[0] = *reinterpret_cast<const uint32_t *>(stage + 4 * kRow + lane * 4);
-    st.b[1] = *reinterpret_cast<const uint32_t *>(stage + 4 * kRow + 32 * 4 + lane * 4);
+    const uint2 a = *reinterpret_cast<const uint2 *>(stage + r.r0);
+    const uint2 b = *reinterpret_cast<const uint2 *>(stage + r.r1);
+    const uint2 c = *reinterpret_cast<const uint2 *>(stage + r.r0 + 8 * kRowBytes);
+    const uint2 d = *reinterpret_cast<const uint2 *>(stage + r.r1 + 8 * kRowBytes);
+    st.w[0][0] = a.x, st.w[0][1] = a.y;
+    st.w[1][0] = b.x, st.w[1][1] = b.y;
+    st.w[2][0] = c.x, st.w[2][1] = c.y;
+    st.w[3][0] = d.x, st.w[3][1] = d.y;
+    st.b[0] = *reinterpret_cast<const uint32_t *>(stage + r.x);
+    st.b[1] = *reinterpret_cast<const uint32_t *>(stage + r.x + 16);
 }
 
-/* Why: the k16 steps [s_begin, s_end) of one warp into acc through its ring;
- * returns with every copy of the warp landed (the ring is free). */
-template <class T>
+/* Why: the k16 steps [s_begin, s_end) of one warp into acc through its ring
+ * of Ring stages; returns with every copy of the warp landed and read. */
+template <class T, int Ring>
 __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const Args &a, int s_begin, int s_end,
-                                         int64_t cw, int g, int i, int lane, char *ring)
+                                         int64_t w0, int64_t cw, int g, int i, int lane, char *ring)
 {
     int group = s_begin / a.spg;
     int next_start = (group + 1) * a.spg; /* first step of the next group */
@@ -258,37 +281,52 @@ __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const A
     if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
 
     const int64_t k0 = (int64_t)s_begin * kStepK;
-    Cursor cur;
-    cur.qp = a.qweight + (k0 + 2 * i) * a.W + cw;
-    cur.xp = a.x + ((int64_t)g * a.K + k0 + 2 * i) * (int64_t)sizeof(uint16_t);
-    const bool x_ok = g < a.M;
+    const int r0 = lane >> 2, chunk = lane & 3;
+    Copier cp;
+    /* chunks past N, clamped, feed only outputs that are never stored */
+    cp.qp = a.qweight + (k0 + r0) * a.W + min(w0 + 4 * chunk, a.W - 4);
+    cp.q_dst = (uint32_t)(row_slot(r0) * kRowBytes + chunk * 16);
+    const int xm = (lane >> 1) & (kMaxM - 1), xh = lane & 1;
+    cp.x_copy = lane < 2 * kMaxM;
+    cp.x_ok = xm < a.M;
+    cp.xp = a.x + ((int64_t)(cp.x_ok ? xm : 0) * a.K + k0 + 8 * xh) * (int64_t)sizeof(uint16_t);
+    cp.x_dst = (uint32_t)(kRowsBytes + xm * 32 + xh * 16);
+    Reader rd;
+    rd.r0 = (uint32_t)(row_slot(2 * i) * kRowBytes + 8 * g);
+    rd.r1 = (uint32_t)(row_slot(2 * i + 1) * kRowBytes + 8 * g);
+    rd.x = (uint32_t)(kRowsBytes + g * 32 + 4 * i);
+
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(ring);
-    /* kRing - 1 steps in flight; a commit per step, empty past the slice, keeps the count */
+    /* Ring - 1 steps in flight; a commit per step, empty past the slice, keeps the count */
 #pragma unroll
-    for (int d = 0; d < kRing - 1; ++d) {
-        if (s_begin + d < s_end) ring_issue(base + d * kStageBytes, lane, cur, a.W, x_ok);
+    for (int d = 0; d < Ring - 1; ++d) {
+        if (s_begin + d < s_end) ring_issue(base + d * kStageBytes, cp, a.W);
         cp_commit();
     }
 
     Group gs;
     decode_group<T>(gs, raw);
-    int slot = 0;
-    for (int s = s_begin; s < s_end; ++s) {
-        const int refill = slot == 0 ? kRing - 1 : slot - 1; /* the stage step s - 1 used */
-        if (s + kRing - 1 < s_end) ring_issue(base + refill * kStageBytes, lane, cur, a.W, x_ok);
-        cp_commit();
-        cp_wait<kRing - 1>(); /* step s's copies have landed */
-        Step st;
-        ring_read(st, ring + slot * kStageBytes, lane);
-        slot = slot == kRing - 1 ? 0 : slot + 1;
-        if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
-            decode_group<T>(gs, next);
-            next_start += a.spg;
-            zp += a.W;
-            sp += sp_pitch;
-            if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
+    for (int s0 = s_begin; s0 < s_end; s0 += Ring) {
+#pragma unroll
+        for (int j = 0; j < Ring; ++j) { /* step s0 + j lives in stage j */
+            const int s = s0 + j;
+            if (s >= s_end) break;
+            cp_wait<Ring - 2>(); /* this lane's copies of step s have landed... */
+            __syncwarp();        /* ...and every lane's; every lane is done with step s - 1 */
+            Step st;
+            ring_read(st, ring + j * kStageBytes, rd);
+            /* step s + Ring - 1 into the stage step s - 1 used */
+            if (s + Ring - 1 < s_end) ring_issue(base + ((j + Ring - 1) % Ring) * kStageBytes, cp, a.W);
+            cp_commit();
+            if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
+                decode_group<T>(gs, next);
+                next_start += a.spg;
+                zp += a.W;
+                sp += sp_pitch;
+                if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
+            }
+            compute<T>(acc, st, gs);
         }
-        compute<T>(acc, st, gs);
     }
     cp_wait<0>();
 }
@@ -325,7 +363,7 @@ __device__ __forceinline__ void add8(const float *p, float (&v)[8])
 
 /* Block: blockDim.x = 32 x warps, warp w = slice rank * warps + w of the
  * strip's K; grid.x = strips x split, the split blocks of a strip one cluster. */
-template <class T> __global__ void __launch_bounds__(kMaxThreads, 2) kernel(const Args a)
+template <class T, int Ring> __global__ void __launch_bounds__(kMaxThreads, 2) kernel(const Args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ float4 gemv_shared[];
@@ -354,8 +392,9 @@ template <class T> __global__ void __launch_bounds__(kMaxThreads, 2) kernel(cons
         for (int b = 0; b < 4; ++b)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[v][b][e] = kZero;
-    if (s_begin < s_end) mainloop<T>(acc, a, s_begin, s_end, cw, g, i, lane, smem + warp * kWarpSmem);
-    __syncwarp(); /* every lane's copies have landed: the ring may be overwritten */
+    constexpr int kWarpSmem = warp_smem(Ring);
+    if (s_begin < s_end) mainloop<T, Ring>(acc, a, s_begin, s_end, w0, cw, g, i, lane, smem + warp * kWarpSmem);
+    __syncwarp(); /* every lane's copies have landed and been read: the ring may be overwritten */
 
     if (warps == 1 && a.split == 1) {
         /* one slice: each lane stores its own outputs, 8 columns of a word at a time */
