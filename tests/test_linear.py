@@ -316,20 +316,21 @@ def test_cuda_identity_rows_give_w_exactly(rng, dtype):
 @cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
-    """The decode kernel's W is the dequantize kernels' W, bit for bit: 8 rows
-    of the identity at a time give 8 rows of W through every decode
-    configuration."""
+    """The decode kernel's W is the dequantize kernels' W, bit for bit: 8 and
+    16 rows of the identity at a time (one and two n8 tiles of x) give those
+    rows of W through every decode configuration."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
     K = 256
     tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 32, dtype)
-    cands = _C._dev.linear_candidates(eye[:8], tqw, tqz, tsc)
-    assert cands[0]["kernel"] == "gemv"
-    for cfg in (c for c in cands if c["kernel"] == "gemv"):
-        for r0 in range(0, K, 8):
-            got = _config_rows(torch, eye[r0:r0 + 8].contiguous(), tqw, tqz, tsc, cfg)
-            assert torch.equal(got, want[r0:r0 + 8]), (cfg, r0)
+    for rows in (8, 16):
+        cands = _C._dev.linear_candidates(eye[:rows], tqw, tqz, tsc)
+        assert cands[0]["kernel"] == "gemv"
+        for cfg in (c for c in cands if c["kernel"] == "gemv"):
+            for r0 in range(0, K, rows):
+                got = _config_rows(torch, eye[r0:r0 + rows].contiguous(), tqw, tqz, tsc, cfg)
+                assert torch.equal(got, want[r0:r0 + rows]), (cfg, rows, r0)
 
 
 @cuda
@@ -362,8 +363,8 @@ def test_cuda_tuned_layer_then_a_misaligned_view(rng):
 
 @cuda
 def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
-    """M <= 8 on a layer it can run goes to the decode kernel; what it cannot
-    run (M = 9, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
+    """M <= 16 on a layer it can run goes to the decode kernel; what it cannot
+    run (M = 17, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
@@ -373,8 +374,8 @@ def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
                                    dtype)
         return _C._dev.linear_candidates(tx, tqw, tqz, tsc)[0]["kernel"]
 
-    assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8)] == ["gemv"] * 4
-    assert first(9, 512, 256, 128) == "mma"
+    assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8, 9, 16)] == ["gemv"] * 6
+    assert first(17, 512, 256, 128) == "mma"
     assert first(1, 512, 200, 128) == "mma"       # N = 200: an odd number of words
     assert first(1, 512, 272, 128) == "mma"       # N = 272: words not in fours
     assert first(1, 200, 256, 200) == "mma"       # K = G = 200: no whole k16 steps
@@ -387,12 +388,12 @@ def test_cuda_every_candidate_within_tolerance(rng, dtype):
     """Each configuration the tuner may pick, not only the default.  The
     decode-kernel (gemv) shapes: strip tails (N = 1056 is 8 strips and 4
     words, N = 288 2 strips and 4, N = 96 less than one strip), G = K, G = 16
-    (a new group every step), M = 1..8."""
+    (a new group every step), M = 1..16 (one and two n8 tiles of x)."""
     torch = pytest.importorskip("torch")
     for M, (K, N, G) in [(1, (1536, 1536, 128)), (5, (512, 200, 128)), (17, (200, 72, 200)),
                          (64, (1024, 520, 64)), (130, (256, 136, 32)), (8, (640, 288, 64)),
                          (3, (256, 96, 256)), (2, (96, 32, 16)), (7, (1024, 1056, 128)),
-                         (4, (4096, 1024, 128))]:
+                         (4, (4096, 1024, 128)), (12, (512, 288, 64)), (16, (256, 96, 256))]:
         tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                     dtype)
         cands = _C._dev.linear_candidates(tx, tqw, tqz, tsc)

@@ -5,7 +5,7 @@
  * CUDA-core kernel (AWQ_KERNEL_SIMT, every dtype, any G, any architecture),
  * their launchers, default configurations and the autotuner's candidates.
  *
- * The decode kernel (AWQ_KERNEL_GEMV, M <= 8) lives in cuda/linear_gemv.cuh.
+ * The decode kernel (AWQ_KERNEL_GEMV, M <= 16) lives in cuda/linear_gemv.cuh.
  *
  * Contract (DESIGN.md section 7): W's values are bit-equal to the dequantize
  * kernels' (round_to_dtype(float32(q - z) * float32(s))); products and sums in
@@ -1051,7 +1051,7 @@ bool gemv_warps_ok(int w) { return w == 1 || w == 2 || w == 4 || w == gv::kMaxWa
 bool gemv_split_ok(int s) { return s == 1 || s == 2 || s == 4 || s == gv::kMaxSplit; }
 bool gemv_ring_ok(int r) { return r == gv::kMinRing || r == gv::kMaxRing; }
 
-/* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 8,
+/* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 16,
  * whole k16 steps inside whole groups (K % 16 == 0, G % 16 == 0), word
  * columns in fours (N % 32 == 0: 16-byte copies of qweight rows, 8-byte loads
  * of qzeros), qweight, x, scales, bias and y 16-byte aligned.  The rest runs
@@ -1073,11 +1073,11 @@ bool gemv_config_ok(const awq_linear_problem *p, const awq_config *c, const Devi
         !gemv_split_ok(c->split))
         return false;
     if (!d.tensor_cores() || (c->split > 1 && !d.clusters())) return false;
-    if (gv::smem_bytes(c->block_size / 32, c->rows) > d.smem_optin) return false;
+    if (gv::smem_bytes(c->block_size / 32, c->rows, gv::tiles_of(p->M)) > d.smem_optin) return false;
     return gemv_problem_ok(p) && gemv_strips(p) * c->split <= 2147483647;
 }
 
-template <class T, int Ring>
+template <class T, int Ring, int NT>
 cudaError_t gemv_launch_ring(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     gv::Args a;
@@ -1092,19 +1092,26 @@ cudaError_t gemv_launch_ring(const awq_linear_problem *p, const awq_config *c, c
     LaunchShape s;
     s.grid = dim3((unsigned)(gemv_strips(p) * c->split), 1, 1);
     s.block = dim3((unsigned)c->block_size, 1, 1);
-    s.smem = (unsigned)gv::smem_bytes(c->block_size / 32, Ring);
-    constexpr auto kernel = gv::kernel<T, Ring>;
+    s.smem = (unsigned)gv::smem_bytes(c->block_size / 32, Ring, NT);
+    constexpr auto kernel = gv::kernel<T, Ring, NT>;
     const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
     if (e != cudaSuccess) return e;
     if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
     return launch<kernel>(s, stream, a);
 }
 
+template <class T, int NT>
+cudaError_t gemv_launch_tiles(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    return c->rows == gv::kMaxRing ? gemv_launch_ring<T, gv::kMaxRing, NT>(p, c, d, stream)
+                                   : gemv_launch_ring<T, gv::kMinRing, NT>(p, c, d, stream);
+}
+
 template <class T>
 cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    return c->rows == gv::kMaxRing ? gemv_launch_ring<T, gv::kMaxRing>(p, c, d, stream)
-                                   : gemv_launch_ring<T, gv::kMinRing>(p, c, d, stream);
+    static_assert(gv::kMaxTiles == 2, "one or two n8 tiles of x");
+    return gv::tiles_of(p->M) == 1 ? gemv_launch_tiles<T, 1>(p, c, d, stream) : gemv_launch_tiles<T, 2>(p, c, d, stream);
 }
 
 cudaError_t gemv_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)

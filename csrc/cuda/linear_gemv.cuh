@@ -1,6 +1,6 @@
 /*
  * cuda/linear_gemv.cuh -- the decode kernel of the fused linear
- * (AWQ_KERNEL_GEMV): y = x @ W + bias for 1 <= M <= 8 rows of x, W never
+ * (AWQ_KERNEL_GEMV): y = x @ W + bias for 1 <= M <= 16 rows of x, W never
  * written to memory.  Tensor cores (mma.sync m16n8k16, f16/bf16, sm_80+);
  * included by cuda/linear.cu only.  Design notes: docs/KERNELS.md, "The
  * decode kernel (gemv)".
@@ -8,7 +8,8 @@
  * The roles of the operands are the transpose of the MMA kernel's: the
  * dequantized weights are the A operand (16 output columns x 16 k) and x is
  * B (16 k x 8 rows of x, the rows past M zero), so M <= 8 wastes no
- * tensor-core work on an m16 tile of x.
+ * tensor-core work on an m16 tile of x.  M = 9..16 takes two such n8 tiles:
+ * each dequantized A fragment feeds two mma (template parameter NT).
  *
  * ---- the mapping -------------------------------------------------------------
  * Lane t has groupID g = t / 4 and threadID_in_group i = t % 4 (PTX ISA).  A
@@ -68,7 +69,9 @@
 namespace awq_cu {
 namespace gemv {
 
-constexpr int kMaxM = 8;         /* rows of x: the n8 side of mma.m16n8k16 */
+constexpr int kTileM = 8;        /* rows of x an mma takes: the n8 side of mma.m16n8k16 */
+constexpr int kMaxTiles = 2;     /* n8 tiles of x a kernel takes (the template's NT) */
+constexpr int kMaxM = kTileM * kMaxTiles;
 constexpr int kStepK = 16;       /* k of one mma */
 constexpr int kGroups = 8;       /* lane groups of a warp, side by side along the strip */
 constexpr int kLaneWords = 2;    /* words of a row a lane reads (one 8-byte copy) */
@@ -81,14 +84,21 @@ constexpr int kMaxSplit = 8;     /* blocks of a cluster: the portable limit */
  * copies in flight. */
 constexpr int kMinRing = 4;
 constexpr int kMaxRing = 8;
-/* One stage: the strip's 16 rows x 64 bytes, then 16 k of the 8 rows of x. */
-constexpr int kStageBytes = 16 * kStripWords * 4 + kMaxM * kStepK * 2;
-/* A warp's ring; later its partial sums. */
-__host__ __device__ constexpr int warp_smem(int ring) { return ring * kStageBytes; }
-static_assert(kMaxM * kStripCols * (int)sizeof(float) <= warp_smem(kMinRing), "a warp's partials fit in its ring");
+/* One stage of a kernel for nt n8 tiles: the strip's 16 rows x 64 bytes,
+ * then 16 k of the 8 nt rows of x. */
+__host__ __device__ constexpr int stage_bytes(int nt) { return 16 * kStripWords * 4 + nt * kTileM * kStepK * 2; }
+/* A warp's ring, later its partial sums ([8 nt][128] floats). */
+__host__ __device__ constexpr int warp_smem(int ring, int nt)
+{
+    return ring * stage_bytes(nt) > nt * kTileM * kStripCols * 4 ? ring * stage_bytes(nt)
+                                                                  : nt * kTileM * kStripCols * 4;
+}
 
-/* Dynamic shared memory of a block of `warps` warps with rings of `ring` stages. */
-__host__ __device__ constexpr int smem_bytes(int warps, int ring) { return warps * warp_smem(ring); }
+/* Dynamic shared memory of a block of `warps` warps. */
+__host__ __device__ constexpr int smem_bytes(int warps, int ring, int nt) { return warps * warp_smem(ring, nt); }
+
+/* The n8 tiles of x a problem of M rows needs. */
+__host__ __device__ constexpr int tiles_of(int64_t M) { return M > kTileM ? 2 : 1; }
 
 /* Output column, inside its word, of nibble p (the inverse of AWQ_NIBBLE). */
 __host__ __device__ constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >> 2); }
@@ -97,7 +107,7 @@ static_assert(nibble_col(AWQ_NIBBLE(1)) == 1 && nibble_col(AWQ_NIBBLE(2)) == 2 &
 
 struct Args : LinearOperands {
     int64_t K, N, W; /* W = N / 8 word columns, even */
-    int M;           /* 1 .. kMaxM */
+    int M;           /* 1 .. 8 NT */
     int nsteps;      /* K / 16 */
     int spg;         /* k16 steps per group: G / 16 */
     int split;       /* blocks per cluster */
@@ -109,9 +119,9 @@ constexpr uint32_t kF16Sixteenth = 0x2C002C00u; /* 1/16 in both halves */
 constexpr uint32_t kF16Base960 = 0x63806380u;   /* 960 = 1024 - 64 in both halves */
 
 /* What one k16 step of a lane holds once its stage has landed. */
-struct Step {
+template <int NT> struct Step {
     uint32_t w[4][kLaneWords]; /* rows k0 + 2i, +1, +8, +9 of words cw, cw + 1 */
-    uint32_t b[2];             /* B registers: x[g][k0 + 2i ..], x[g][k0 + 8 + 2i ..] */
+    uint32_t b[NT][2];         /* B registers of tile t: x[8t + g][k0 + 2i ..], x[8t + g][k0 + 8 + 2i ..] */
 };
 
 /* A group's zero and scale pairs for the lane's 16 columns, by word and nibble. */
@@ -168,8 +178,8 @@ __device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t 
     }
 }
 
-template <class T, int B>
-__device__ __forceinline__ void compute_byte(float (&acc)[kLaneWords][4][4], const Step &st, const Group &gs)
+template <class T, int NT, int B>
+__device__ __forceinline__ void compute_byte(float (&acc)[NT][kLaneWords][4][4], const Step<NT> &st, const Group &gs)
 {
 #pragma unroll
     for (int v = 0; v < kLaneWords; ++v) {
@@ -178,17 +188,18 @@ __device__ __forceinline__ void compute_byte(float (&acc)[kLaneWords][4][4], con
                            gs.s[v][2 * B + 1], a[0], a[1]);
         dequant_byte<T, B>(st.w[2][v], st.w[3][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
                            gs.s[v][2 * B + 1], a[2], a[3]);
-        mma_16816<T>(acc[v][B], a, st.b[0], st.b[1]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) mma_16816<T>(acc[t][v][B], a, st.b[t][0], st.b[t][1]);
     }
 }
 
-template <class T>
-__device__ __forceinline__ void compute(float (&acc)[kLaneWords][4][4], const Step &st, const Group &gs)
+template <class T, int NT>
+__device__ __forceinline__ void compute(float (&acc)[NT][kLaneWords][4][4], const Step<NT> &st, const Group &gs)
 {
-    compute_byte<T, 0>(acc, st, gs);
-    compute_byte<T, 1>(acc, st, gs);
-    compute_byte<T, 2>(acc, st, gs);
-    compute_byte<T, 3>(acc, st, gs);
+    compute_byte<T, NT, 0>(acc, st, gs);
+    compute_byte<T, NT, 1>(acc, st, gs);
+    compute_byte<T, NT, 2>(acc, st, gs);
+    compute_byte<T, NT, 3>(acc, st, gs);
 }
 
 /* ---- the ring: cp.async into a warp's own shared memory ------------------- */
@@ -201,7 +212,7 @@ __device__ __forceinline__ void compute(float (&acc)[kLaneWords][4][4], const St
 constexpr int kRowBytes = kStripWords * 4;      /* 64 */
 constexpr int kRowsBytes = kStepK * kRowBytes;  /* 1024 */
 __host__ __device__ constexpr int row_slot(int r) { return r ^ ((r >> 1) & 1); }
-static_assert(kStageBytes == kRowsBytes + kMaxM * kStepK * 2, "a stage is the strip's rows, then x");
+static_assert(stage_bytes(1) == kRowsBytes + kTileM * kStepK * 2, "a stage is the strip's rows, then x");
 
 /* Why: 16 bytes of qweight, asking L2 for the 256-byte neighbourhood (the
  * next strips read it at about the same time). */
@@ -221,8 +232,8 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* A lane's share of the copies of one step: 16 bytes (4 words) of rows
- * r0 = lane / 4 and r0 + 8 of the strip, chunk lane % 4; lanes 0..15 also
- * 16 bytes of x: row lane / 2 of x, k half lane % 2.  The lanes' fragments
+ * r0 = lane / 4 and r0 + 8 of the strip, chunk lane % 4; lanes 0..16 NT - 1
+ * also 16 bytes of x: row lane / 2 of x, k half lane % 2.  The lanes' fragments
  * come from all of them: a warp barrier separates the copies from the
  * reads. */
 struct Copier {
@@ -230,7 +241,7 @@ struct Copier {
     const char *xp;     /* &x[m][k0 + 8 h] */
     uint32_t q_dst;     /* offset of the lane's qweight chunk in a stage */
     uint32_t x_dst;     /* offset of its x chunk */
-    bool x_copy, x_ok;  /* lanes 0..15 copy x; rows past M are zeros */
+    bool x_copy, x_ok;  /* lanes 0..16 NT - 1 copy x; rows past M are zeros */
 };
 
 /* Why: one step's copies into the stage at shared address `stage`; the copier moves on. */
@@ -250,7 +261,7 @@ struct Reader {
 };
 
 /* Why: a landed stage into registers. */
-__device__ __forceinline__ void ring_read(Step &st, const char *stage, const Reader &r)
+template <int NT> __device__ __forceinline__ void ring_read(Step<NT> &st, const char *stage, const Reader &r)
 {
     const uint2 a = *reinterpret_cast<const uint2 *>(stage + r.r0);
     const uint2 b = *reinterpret_cast<const uint2 *>(stage + r.r1);
@@ -260,14 +271,17 @@ __device__ __forceinline__ void ring_read(Step &st, const char *stage, const Rea
     st.w[1][0] = b.x, st.w[1][1] = b.y;
     st.w[2][0] = c.x, st.w[2][1] = c.y;
     st.w[3][0] = d.x, st.w[3][1] = d.y;
-    st.b[0] = *reinterpret_cast<const uint32_t *>(stage + r.x);
-    st.b[1] = *reinterpret_cast<const uint32_t *>(stage + r.x + 16);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        st.b[t][0] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * kTileM * 32);
+        st.b[t][1] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * kTileM * 32 + 16);
+    }
 }
 
 /* Why: the k16 steps [s_begin, s_end) of one warp into acc through its ring
  * of Ring stages; returns with every copy of the warp landed and read. */
-template <class T, int Ring>
-__device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const Args &a, int s_begin, int s_end,
+template <class T, int Ring, int NT>
+__device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], const Args &a, int s_begin, int s_end,
                                          int64_t w0, int64_t cw, int g, int i, int lane, char *ring)
 {
     int group = s_begin / a.spg;
@@ -286,8 +300,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const A
     /* chunks past N, clamped, feed only outputs that are never stored */
     cp.qp = a.qweight + (k0 + r0) * a.W + min(w0 + 4 * chunk, a.W - 4);
     cp.q_dst = (uint32_t)(row_slot(r0) * kRowBytes + chunk * 16);
-    const int xm = (lane >> 1) & (kMaxM - 1), xh = lane & 1;
-    cp.x_copy = lane < 2 * kMaxM;
+    constexpr int kStage = stage_bytes(NT);
+    const int xm = (lane >> 1) & (NT * kTileM - 1), xh = lane & 1;
+    cp.x_copy = lane < 2 * NT * kTileM;
     cp.x_ok = xm < a.M;
     cp.xp = a.x + ((int64_t)(cp.x_ok ? xm : 0) * a.K + k0 + 8 * xh) * (int64_t)sizeof(uint16_t);
     cp.x_dst = (uint32_t)(kRowsBytes + xm * 32 + xh * 16);
@@ -300,7 +315,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const A
     /* Ring - 1 steps in flight; a commit per step, empty past the slice, keeps the count */
 #pragma unroll
     for (int d = 0; d < Ring - 1; ++d) {
-        if (s_begin + d < s_end) ring_issue(base + d * kStageBytes, cp, a.W);
+        if (s_begin + d < s_end) ring_issue(base + d * kStage, cp, a.W);
         cp_commit();
     }
 
@@ -313,10 +328,10 @@ __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const A
             if (s >= s_end) break;
             cp_wait<Ring - 2>(); /* this lane's copies of step s have landed... */
             __syncwarp();        /* ...and every lane's; every lane is done with step s - 1 */
-            Step st;
-            ring_read(st, ring + j * kStageBytes, rd);
+            Step<NT> st;
+            ring_read(st, ring + j * kStage, rd);
             /* step s + Ring - 1 into the stage step s - 1 used */
-            if (s + Ring - 1 < s_end) ring_issue(base + ((j + Ring - 1) % Ring) * kStageBytes, cp, a.W);
+            if (s + Ring - 1 < s_end) ring_issue(base + ((j + Ring - 1) % Ring) * kStage, cp, a.W);
             cp_commit();
             if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
                 decode_group<T>(gs, next);
@@ -325,7 +340,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kLaneWords][4][4], const A
                 sp += sp_pitch;
                 if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
             }
-            compute<T>(acc, st, gs);
+            compute<T, NT>(acc, st, gs);
         }
     }
     cp_wait<0>();
@@ -362,8 +377,11 @@ __device__ __forceinline__ void add8(const float *p, float (&v)[8])
 #endif /* __CUDA_ARCH__ >= 800 */
 
 /* Block: blockDim.x = 32 x warps, warp w = slice rank * warps + w of the
- * strip's K; grid.x = strips x split, the split blocks of a strip one cluster. */
-template <class T, int Ring> __global__ void __launch_bounds__(kMaxThreads, 2) kernel(const Args a)
+ * strip's K; grid.x = strips x split, the split blocks of a strip one cluster.
+ * NT n8 tiles of x (M <= 8 NT): two tiles double the accumulators, so only
+ * one block of 8 warps fits a SM. */
+template <class T, int Ring, int NT>
+__global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ float4 gemv_shared[];
@@ -385,52 +403,58 @@ template <class T, int Ring> __global__ void __launch_bounds__(kMaxThreads, 2) k
     const int s_begin = (int)((int64_t)slice * a.nsteps / nslices);
     const int s_end = (int)((int64_t)(slice + 1) * a.nsteps / nslices);
 
-    float acc[kLaneWords][4][4];
+    float acc[NT][kLaneWords][4][4];
 #pragma unroll
-    for (int v = 0; v < kLaneWords; ++v)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
+        for (int v = 0; v < kLaneWords; ++v)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[v][b][e] = kZero;
-    constexpr int kWarpSmem = warp_smem(Ring);
-    if (s_begin < s_end) mainloop<T, Ring>(acc, a, s_begin, s_end, w0, cw, g, i, lane, smem + warp * kWarpSmem);
+            for (int b = 0; b < 4; ++b)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[t][v][b][e] = kZero;
+    constexpr int kWarpSmem = warp_smem(Ring, NT);
+    if (s_begin < s_end) mainloop<T, Ring, NT>(acc, a, s_begin, s_end, w0, cw, g, i, lane, smem + warp * kWarpSmem);
     __syncwarp(); /* every lane's copies have landed and been read: the ring may be overwritten */
 
     if (warps == 1 && a.split == 1) {
         /* one slice: each lane stores its own outputs, 8 columns of a word at a time */
 #pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const int m = 2 * i + e2;
-            if (m >= a.M) continue;
+        for (int t = 0; t < NT; ++t)
 #pragma unroll
-            for (int v = 0; v < kLaneWords; ++v) {
-                const int64_t wc = w0 + g * kLaneWords + v;
-                if (wc >= a.W) continue;
-                float o[8];
+            for (int e2 = 0; e2 < 2; ++e2) {
+                const int m = t * kTileM + 2 * i + e2;
+                if (m >= a.M) continue;
 #pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                    o[nibble_col(2 * b)] = acc[v][b][e2];
-                    o[nibble_col(2 * b + 1)] = acc[v][b][2 + e2];
+                for (int v = 0; v < kLaneWords; ++v) {
+                    const int64_t wc = w0 + g * kLaneWords + v;
+                    if (wc >= a.W) continue;
+                    float o[8];
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        o[nibble_col(2 * b)] = acc[t][v][b][e2];
+                        o[nibble_col(2 * b + 1)] = acc[t][v][b][2 + e2];
+                    }
+                    finish<T>(a, m, wc * AWQ_COLS_PER_WORD, o);
                 }
-                finish<T>(a, m, wc * AWQ_COLS_PER_WORD, o);
             }
-        }
         return;
     }
 
     /* the warp's partial sums [M][128] into its own ring */
     float *mine = reinterpret_cast<float *>(smem + warp * kWarpSmem);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const int m = 2 * i + (e & 1);
-        if (m >= a.M) continue;
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int v = 0; v < kLaneWords; ++v)
+        for (int e = 0; e < 4; ++e) {
+            const int m = t * kTileM + 2 * i + (e & 1);
+            if (m >= a.M) continue;
 #pragma unroll
-            for (int b = 0; b < 4; ++b)
-                mine[m * kStripCols + (g * kLaneWords + v) * AWQ_COLS_PER_WORD + nibble_col(2 * b + (e >> 1))] =
-                    acc[v][b][e];
-    }
+            for (int v = 0; v < kLaneWords; ++v)
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+                    mine[m * kStripCols + (g * kLaneWords + v) * AWQ_COLS_PER_WORD + nibble_col(2 * b + (e >> 1))] =
+                        acc[t][v][b][e];
+        }
     __syncthreads();
 
     /* the block's sum, warp 0 first, then 1, ..., warps-1, in units of one output word */
