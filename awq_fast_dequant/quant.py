@@ -195,6 +195,10 @@ def _row_blocks(K: int, N: int):
         yield k0, min(K, k0 + rows)
 
 
+# The array type _round_up_to_storage stores each kind of scale in.
+_STORED_TYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+
+
 def _round_up_to_storage(scale: np.ndarray, kind: str):
     """Round positive float32 scales up to the storage type.
 
@@ -240,9 +244,9 @@ def _grid(lo, hi, scale_kind: str):
     return stored, step, np.clip(np.rint(-lo / step), 0, 15)
 
 
-def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
-    """Asymmetric 4-bit quantization of weight [K, N] to the AWQ layout: min-max
-    rounding, or GPTQ rounding when the layer's input statistics are given.
+def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_order=None):
+    """Asymmetric 4-bit quantization of weight [K, N] to the AWQ layout: round to
+    nearest, or GPTQ rounding when the layer's input statistics are given.
 
     weight : float16, bfloat16, float32 or float64 [K, N] (K = in_features rows,
         N = out_features columns, a multiple of 8); NumPy (bfloat16 via ml_dtypes)
@@ -253,46 +257,77 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
         multiple of it (2 X^T X, a mean over inputs) serves as well.
     damp : with hessian, the share of the mean of its diagonal added to the
         diagonal (a real number >= 0), which keeps the inverse well conditioned.
+    grid : how the grid of each group is chosen: "minmax" (the range of its values)
+        or "mse" (that range shrunk, and the zero point moved, where this lowers the
+        group's squared rounding error, each row's weighted by what it costs GPTQ when
+        hessian is given). Default: "mse" with hessian, "minmax" without.
+    act_order : with hessian, round the rows in order of decreasing diagonal of
+        hessian, every grid fixed before the first row (True), or in order 0..K-1,
+        each group's grid taken when the group starts (False). Default: True with
+        hessian; without hessian only None and False are accepted.
 
     Returns (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N]),
     NumPy arrays, or torch CPU tensors when weight is a tensor. scales have the
     weight's type (float16 for float64 weights).
 
-    Every group of G rows and each column gets one grid, in float32: the range
-    [lo, hi] of the group's values widened to include 0, so that every group,
-    even one of all-positive weights, is representable; scale = (hi - lo) / 15,
-    rounded up to the scales' type (1 for an all-zero group); zero =
-    clamp(round(-lo / scale), 0, 15). A value w becomes q = clamp(round(w / scale)
-    + zero, 0, 15), rounding half to even.
+    Every group of G rows and each column gets one grid, in float32, from a range
+    [lo, hi] that includes 0: scale = (hi - lo) / 15, rounded up to the scales'
+    type (1 for an all-zero range); zero = clamp(round(-lo / scale), 0, 15). A
+    value w becomes q = clamp(round(w / scale) + zero, 0, 15), rounding half to
+    even.
 
-    Without hessian (min-max rounding) the values are the weights themselves, so
-    |w - (q - zero) * scale| <= scale / 2 up to float32 rounding.
+    grid="minmax": [lo, hi] is the range of the group's values, widened to include
+    0 so that every group, even one of all-positive weights, is representable.
+    Without hessian the values are the weights themselves, so |w - (q - zero) *
+    scale| <= scale / 2 up to float32 rounding.
 
-    With hessian (GPTQ, Frantar et al. 2022) the rows are quantized in order,
-    k = 0 .. K-1, and the rounding error of row k is fed into the rows not yet
-    quantized along the inverse of H = hessian + damp * mean(diag) * I: the change
-    of those rows that best cancels it in X weight, which keeps ||X weight -
-    X W_q|| small. A
-    group's grid is taken from its rows as they stand when the group starts
-    (original values plus the errors fed into them); within the group, rounding
-    is as above, but a value pushed outside the grid is clamped to its end.
-    Inputs that are always zero (a zero diagonal entry) are rounded to nearest.
-    Rows are never reordered, so the groups stay those of the AWQ layout. A
-    diagonal hessian feeds no error anywhere and gives exactly the min-max
-    result. H is symmetrized and factored in float64; the updates run in float32
-    through BLAS, so their last bits can depend on the BLAS build.
+    grid="mse" (the clipping search of AWQ, Lin et al. 2023, and GPTQ's "mse"
+    grid): the min-max range times a shrink factor p, tried at p = 1, 0.95, ..
+    0.5, then at p +- 0.025, +- 0.0125 and +- 0.00625 around the best p so far
+    (never above 1), then with the best grid's zero point moved by +-1; the grid
+    kept is the one with the smallest sum over the group of d_k (w_k - (q_k -
+    zero) * scale)^2, the earliest on ties. d_k is 1 without hessian; with
+    hessian it is what an error in row k adds to GPTQ's loss (below), 1 / U[k,
+    k]^2: the part of input k's energy (hessian[k, k], damped) that the inputs
+    rounded after it cannot reproduce, and 0 for an input that is always zero (for
+    a diagonal hessian and damp=0, hessian[k, k] itself). The min-max grid is the
+    first tried, so no group and column ends with a larger weighted squared error
+    than min-max's; values beyond a shrunk range are clamped to its ends, more
+    than half a step away.
+
+    With hessian (GPTQ, Frantar et al. 2022) the rows are rounded one after
+    another, and the rounding error of each is fed into the rows not yet rounded
+    along the inverse of H = hessian + damp * mean(diag) * I: the change of those
+    rows that best cancels it in X weight, which keeps ||X weight - X W_q|| small
+    (U is the upper triangular factor of H^-1 = U^T U, with rows and columns in
+    the order of rounding).
+
+    With act_order (GPTQ's activation order, with its "static groups") the rows
+    with the largest hessian[k, k], whose errors cost most, go first, while the
+    most rows remain to absorb their errors; all grids are taken from the weights
+    as given, before any error is fed, so row k still belongs to group k // G and
+    the layout is the AWQ layout. Without act_order the rows go in order 0..K-1
+    and a group's grid is taken from its rows as they stand when the group starts
+    (original values plus the errors fed into them). Either way a value pushed
+    outside its grid is clamped to the grid's end. Inputs that are always zero (a
+    zero diagonal entry) are rounded to nearest. A diagonal hessian feeds no error
+    anywhere: with grid="minmax" it gives exactly the min-max result. H is
+    symmetrized and factored in float64; the updates run in float32 through BLAS,
+    so their last bits can depend on the BLAS build.
     """
     w, scale_kind, torch = _weight_matrix(weight)
     K, N = w.shape
     G = _check_group_size(group_size, K)
     damp = _check_damp(damp)
+    grid = _check_grid(grid, hessian is not None)
+    act_order = _check_act_order(act_order, hessian is not None)
     if hessian is None:
-        qweight, qzeros, stored = _min_max(w, G, scale_kind)
+        qweight, qzeros, stored = _round_to_nearest(w, G, scale_kind, grid)
     else:
         h = _hessian_matrix(hessian, K)
         if not np.isfinite(w).all():
             raise ValueError("weight must be finite; it holds NaN or infinity")
-        qweight, qzeros, stored = _gptq(w, G, scale_kind, _inverse_factor(h, damp))
+        qweight, qzeros, stored = _gptq(w, G, scale_kind, h, damp, grid, act_order)
 
     if torch is not None:
         if scale_kind == "bfloat16":
@@ -308,12 +343,43 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01):
     return qweight, qzeros, stored
 
 
-def _min_max(w: np.ndarray, G: int, scale_kind: str):
-    """(qweight, qzeros, stored scales) of min-max rounding."""
+_GRIDS = ("minmax", "mse")
+
+
+def _check_grid(grid, with_hessian: bool) -> str:
+    if grid is None:
+        return "mse" if with_hessian else "minmax"
+    if not isinstance(grid, str):
+        raise TypeError(f"grid must be 'minmax' or 'mse' (or None for the default); got "
+                        f"{type(grid).__name__}")
+    if grid not in _GRIDS:
+        raise ValueError(f"grid must be 'minmax' or 'mse'; got {grid!r}")
+    return grid
+
+
+def _check_act_order(act_order, with_hessian: bool) -> bool:
+    if act_order is None:
+        return with_hessian
+    if not isinstance(act_order, (bool, np.bool_)):
+        raise TypeError(f"act_order must be True, False or None (the default); got "
+                        f"{type(act_order).__name__}")
+    if act_order and not with_hessian:
+        raise ValueError("act_order=True needs a hessian: the rows are ordered by its diagonal")
+    return bool(act_order)
+
+
+def _round_to_nearest(w: np.ndarray, G: int, scale_kind: str, grid: str):
+    """(qweight, qzeros, stored scales) of every value rounded to nearest on its
+    group's grid."""
+    stored, step, zero = _group_grids(w, G, scale_kind, grid, None)
+    return _round_rows(w, G, step, zero), _pack_nibbles(zero.astype(np.uint8)), stored
+
+
+def _min_max_grids(w: np.ndarray, G: int, scale_kind: str):
+    """_grid of every group's range, widened to include 0."""
     K, N = w.shape
     n_groups = K // G
-
-    # Pass 1: per-group range. Starting both bounds at 0 widens it to include 0.
+    # Starting both bounds at 0 widens the range to include 0.
     lo = np.zeros((n_groups, N), dtype=np.float32)
     hi = np.zeros((n_groups, N), dtype=np.float32)
     for k0, k1 in _row_blocks(K, N):
@@ -326,16 +392,110 @@ def _min_max(w: np.ndarray, G: int, scale_kind: str):
 
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         raise ValueError("weight must be finite; it holds NaN or infinity")
-    stored, step, zero = _grid(lo, hi, scale_kind)
+    return _grid(lo, hi, scale_kind)
 
-    # Pass 2: 4-bit values, packed block by block.
+
+def _round_rows(w: np.ndarray, G: int, step: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """qweight of w rounded to nearest on the grids (step, zero) of its groups."""
+    K, N = w.shape
     qweight = np.empty((K, N // 8), dtype=np.int32)
     for k0, k1 in _row_blocks(K, N):
         group = np.arange(k0, k1) // G
         block = w[k0:k1].astype(np.float32)
         q = np.clip(np.rint(block / step[group]) + zero[group], 0, 15)
         qweight[k0:k1] = _pack_nibbles(q.astype(np.uint8))
-    return qweight, _pack_nibbles(zero.astype(np.uint8)), stored
+    return qweight
+
+
+# --- the "mse" grid --------------------------------------------------------------
+
+# Shrink factors of the min-max range tried first (1, 0.95, .. 0.5), then the
+# half-widths of the steps around the best one (coarse to fine).
+_SHRINKS = tuple(1 - 0.05 * i for i in range(11))
+_REFINE = (0.025, 0.0125, 0.00625)
+
+
+def _group_blocks(n_groups: int, G: int, N: int):
+    """(first group, end group, first column, end column) of blocks of whole groups
+    of about _BLOCK_ELEMS elements: several groups by all columns, or one group by
+    some columns when a group is larger than that."""
+    if G * N <= _BLOCK_ELEMS:
+        groups = _BLOCK_ELEMS // max(G * N, 1)
+        for g0 in range(0, n_groups, groups):
+            yield g0, min(n_groups, g0 + groups), 0, N
+    else:
+        columns = max(1, _BLOCK_ELEMS // G)
+        for g in range(n_groups):
+            for c0 in range(0, N, columns):
+                yield g, g + 1, c0, min(N, c0 + columns)
+
+
+def _mse_grids(w: np.ndarray, G: int, scale_kind: str, weights):
+    """(stored scales, step, zero) [K/G, N] of the "mse" grid of every group of w
+    [K, N] (any float type); weights: None, or float32 [K], the weight of each
+    row's squared error."""
+    K, N = w.shape
+    n_groups = K // G
+    stored = np.empty((n_groups, N), dtype=_STORED_TYPES[scale_kind])
+    step = np.empty((n_groups, N), dtype=np.float32)
+    zero = np.empty((n_groups, N), dtype=np.float32)
+    for g0, g1, c0, c1 in _group_blocks(n_groups, G, N):
+        values = w[g0 * G:g1 * G, c0:c1].astype(np.float32).reshape(g1 - g0, G, c1 - c0)
+        d = None if weights is None else weights[g0 * G:g1 * G].reshape(g1 - g0, G, 1)
+        stored[g0:g1, c0:c1], step[g0:g1, c0:c1], zero[g0:g1, c0:c1] = _search_grid(
+            values, d, scale_kind)
+    return stored, step, zero
+
+
+def _search_grid(values: np.ndarray, d, scale_kind: str):
+    """The "mse" grid (stored, step, zero) [n, c] of the groups values [n, G, c]
+    (float32), each row's squared error weighted by d [n, G, 1] (or 1)."""
+    lo = np.minimum(values.min(axis=1), np.float32(0))
+    hi = np.maximum(values.max(axis=1), np.float32(0))
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise ValueError("weight must be finite; it holds NaN or infinity")
+    scaled = np.empty_like(values)
+    rounded = np.empty_like(values)
+
+    def try_grid(shrink, shift=0):
+        """(weighted squared error [n, c] (float64), stored, step, zero) of one grid."""
+        stored, step, zero = _grid(shrink * lo, shrink * hi, scale_kind)
+        if shift:
+            zero = np.clip(zero + np.float32(shift), 0, 15)
+        # round(v / step), clamped so that q = round + zero stays in 0..15, minus
+        # v / step: the rounding error in steps, as quantize rounds.
+        np.divide(values, step[:, None], out=scaled)
+        np.rint(scaled, out=rounded)
+        np.clip(rounded, -zero[:, None], 15 - zero[:, None], out=rounded)
+        np.subtract(rounded, scaled, out=rounded)
+        np.square(rounded, out=rounded)
+        if d is not None:
+            np.multiply(rounded, d, out=rounded)
+        total = rounded.sum(axis=1, dtype=np.float32).astype(np.float64)
+        return total * np.square(step, dtype=np.float64), stored, step, zero
+
+    best_error, *best = try_grid(np.ones_like(lo))
+    best_shrink = np.ones_like(lo)
+
+    def keep(shrink, shift=0):
+        error, *grid = try_grid(shrink, shift)
+        better = error < best_error  # strictly: on ties the earlier grid stays
+        np.copyto(best_error, error, where=better)
+        for kept, new in zip(best, grid):
+            np.copyto(kept, new, where=better)
+        if not shift:
+            np.copyto(best_shrink, shrink, where=better)
+
+    for p in _SHRINKS[1:]:
+        keep(np.full_like(lo, p))
+    for delta in _REFINE:
+        around = best_shrink.copy()
+        for sign in (-1, 1):
+            keep(np.minimum(around + np.float32(sign * delta), np.float32(1)))
+    around = best_shrink.copy()
+    for shift in (-1, 1):
+        keep(around, shift)
+    return tuple(best)
 
 
 # --- GPTQ rounding ---------------------------------------------------------------
@@ -410,38 +570,73 @@ def _inverse_factor(h: np.ndarray, damp: float) -> np.ndarray:
     return np.ascontiguousarray(np.linalg.inv(lower)[::-1, ::-1])
 
 
-def _gptq(w: np.ndarray, G: int, scale_kind: str, U: np.ndarray):
-    """(qweight, qzeros, stored scales) of GPTQ rounding along the factor U."""
+def _gptq(w: np.ndarray, G: int, scale_kind: str, h: np.ndarray, damp: float, grid: str,
+          act_order: bool):
+    """(qweight, qzeros, stored scales) of GPTQ rounding with the hessian h (float64,
+    symmetric, overwritten)."""
     K, N = w.shape
     n_groups = K // G
-    W = w.astype(np.float32)  # a copy, updated with the errors of the rows above
-    U32 = U.astype(np.float32)
+    W = w.astype(np.float32)  # a copy, updated with the errors of the rows rounded before
+    diag = np.diagonal(h).copy()
+    # The stable sort keeps ties, and the inputs that are always zero, in row order.
+    order = np.argsort(-diag, kind="stable") if act_order else np.arange(K)
+    if act_order:
+        h = h[np.ix_(order, order)]
+    U = _inverse_factor(h, damp)
+    # GPTQ's loss grows by e^2 / U[k, k]^2 when the k-th row rounded is off by e:
+    # 1 / U[k, k]^2 is the part of that input's energy that the inputs rounded after
+    # it cannot reproduce. An input that is always zero costs nothing. Only ratios
+    # matter: scaled to at most 1, the costs fit float32 for any multiple of X^T X.
+    cost = np.zeros(K)
+    live = diag[order] > 0
+    cost[order[live]] = 1 / np.square(np.diagonal(U)[live])
+    cost = (cost / cost.max(initial=1e-300)).astype(np.float32)
+    U = U.astype(np.float32)
+    if act_order:
+        # Static groups: every grid comes from the weights as given.
+        stored, step, zero = _group_grids(W, G, scale_kind, grid, cost)
+        W = W[order]
+        blocks = [(b0, min(b0 + _GPTQ_BLOCK, K)) for b0 in range(0, K, _GPTQ_BLOCK)]
+    else:
+        stored = np.empty((n_groups, N), dtype=_STORED_TYPES[scale_kind])
+        step = np.empty((n_groups, N), dtype=np.float32)
+        zero = np.empty((n_groups, N), dtype=np.float32)
+        # Every group starts a block, so that when its grid is taken every row of the
+        # group holds the errors of all the rows before it.
+        size = min(G, _GPTQ_BLOCK)
+        blocks = [(b0, min(b0 + size, g0 + G)) for g0 in range(0, K, G)
+                  for b0 in range(g0, g0 + G, size)]
     q = np.empty((K, N), dtype=np.uint8)
-    stored = np.empty((n_groups, N), dtype=np.float16 if scale_kind == "float16" else
-                      np.uint16 if scale_kind == "bfloat16" else np.float32)
-    zeros = np.empty((n_groups, N), dtype=np.uint8)
-    # Every group starts a block, so that when its grid is taken every row of the
-    # group holds the errors of all the rows before it.
-    size = min(G, _GPTQ_BLOCK)
-    errors = np.empty((size, N), dtype=np.float32)
-    for g0 in range(0, K, G):
-        g = g0 // G
-        rows = W[g0:g0 + G]
-        lo = np.minimum(rows.min(axis=0), np.float32(0))
-        hi = np.maximum(rows.max(axis=0), np.float32(0))
-        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
-            raise ValueError("the rounding errors grew without bound (hessian nearly "
-                             "singular); raise damp")
-        stored[g], step, zero = _grid(lo, hi, scale_kind)
-        zeros[g] = zero
-        for b0 in range(g0, g0 + G, size):
-            b1 = min(b0 + size, g0 + G)
-            for k in range(b0, b1):
-                # The errors of this block's rows before k (the earlier blocks' are in W).
-                row = W[k] - U32[b0:k, k] @ errors[:k - b0] if k > b0 else W[k]
-                qk = np.clip(np.rint(row / step) + zero, 0, 15)
-                errors[k - b0] = (row - (qk - zero) * step) / U32[k, k]
-                q[k] = qk
-            if b1 < K:
-                W[b1:] -= U32[b0:b1, b1:].T @ errors[:b1 - b0]
-    return _pack_nibbles(q), _pack_nibbles(zeros), stored
+    errors = np.empty((_GPTQ_BLOCK, N), dtype=np.float32)
+    for b0, b1 in blocks:
+        if not act_order and b0 % G == 0:
+            g = b0 // G
+            rows = W[b0:b0 + G]
+            if not np.isfinite(rows).all():
+                raise ValueError(_DIVERGED)
+            group_grid = _group_grids(rows, G, scale_kind, grid, cost[b0:b0 + G])
+            stored[g], step[g], zero[g] = (a[0] for a in group_grid)
+        for k in range(b0, b1):
+            g = order[k] // G
+            s, z = step[g], zero[g]
+            # The errors of this block's rows before k (the earlier blocks' are in W).
+            row = W[k] - U[b0:k, k] @ errors[:k - b0] if k > b0 else W[k]
+            qk = np.clip(np.rint(row / s) + z, 0, 15)
+            errors[k - b0] = (row - (qk - z) * s) / U[k, k]
+            q[order[k]] = qk
+        if not np.isfinite(errors[:b1 - b0]).all():
+            raise ValueError(_DIVERGED)
+        if b1 < K:
+            W[b1:] -= U[b0:b1, b1:].T @ errors[:b1 - b0]
+    return _pack_nibbles(q), _pack_nibbles(zero.astype(np.uint8)), stored
+
+
+_DIVERGED = "the rounding errors grew without bound (hessian nearly singular); raise damp"
+
+
+def _group_grids(w: np.ndarray, G: int, scale_kind: str, grid: str, weights):
+    """(stored, step, zero) of every group of w by `grid`; weights [K] float32 weigh
+    each row's squared error in the "mse" search."""
+    if grid == "minmax":
+        return _min_max_grids(w, G, scale_kind)
+    return _mse_grids(w, G, scale_kind, weights)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
+from awq_fast_dequant.quant import _check_act_order, _check_grid
 from awq_fast_dequant.reference import DTYPES
 
 from . import _ops
@@ -112,13 +113,14 @@ class AWQLinear(nn.Module):
         return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 128, *,
-                    hessian=None) -> "AWQLinear":
+    def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, hessian=None,
+                    grid=None, act_order=None) -> "AWQLinear":
         """Quantize an nn.Linear with awq_fast_dequant.quantize into an AWQLinear
-        on the same device: asymmetric min-max, every weight within half a step
-        of the original, or, given hessian (X^T X of the layer's inputs,
-        [in_features, in_features]), GPTQ rounding. scales and bias get the
-        weight's dtype (float16 for a float64 weight)."""
+        on the same device: asymmetric, rounded to nearest (by default on each
+        group's min-max grid, every weight within half a step of the original), or,
+        given hessian (X^T X of the layer's inputs, [in_features, in_features]),
+        GPTQ rounding. grid ("minmax" or "mse") and act_order are quantize's.
+        scales and bias get the weight's dtype (float16 for a float64 weight)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
         weight = linear.weight
@@ -130,7 +132,7 @@ class AWQLinear(nn.Module):
             raise ValueError(f"linear.out_features must be a multiple of 8; got {N}")
         G = _resolve_group_size(group_size, K)
         qweight, qzeros, scales = _afd.quantize(weight.detach().t(), group_size=G,
-                                                hessian=hessian)
+                                                hessian=hessian, grid=grid, act_order=act_order)
         device = weight.device
         bias = None
         if linear.bias is not None:
@@ -252,7 +254,7 @@ def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> s
 
 
 def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
-                   calibration=None) -> list:
+                   calibration=None, *, grid=None, act_order=None) -> list:
     """Replace, in place, every nn.Linear of `model` that fits the AWQ format
     (in_features a multiple of G, out_features a multiple of 8) by an AWQLinear
     (``AWQLinear.from_linear``).
@@ -273,7 +275,11 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     hessian). All statistics come from the unquantized model, in one pass over
     the data. Every position of every input counts: pass unpadded sequences
     (padding positions would count as text). A layer that the calibration never
-    reaches is rounded to its min-max grid (and logged).
+    reaches is rounded to nearest, as without calibration (and logged).
+
+    grid, act_order: quantize's options, for every layer: grid "minmax" or "mse"
+    (default: "mse" with calibration, "minmax" without); act_order (default: True
+    with calibration; only with calibration).
 
     Also left dense: subclasses of nn.Linear (their forward may differ),
     layers whose weight is tied to another module's, and layers on the meta
@@ -292,6 +298,9 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     match, skip_strings = _skip_matcher(skip)
     if calibration is not None:
         _check_calibration(calibration)
+    # Refused here, before the calibration pass, rather than by the first layer.
+    _check_grid(grid, calibration is not None)
+    _check_act_order(act_order, calibration is not None)
     shared = _shared_weights(model)
 
     linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
@@ -319,8 +328,8 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
         unreached = [name for name, m in linears
                      if chosen[id(m)] is not None and id(m) not in hessians]
         for name in unreached:
-            logger.info("quantize_model: %s received no calibration input; rounded to its "
-                        "min-max grid", name)
+            logger.info("quantize_model: %s received no calibration input; rounded to "
+                        "nearest", name)
         logger.info("quantize_model: %d calibration inputs, %d layers calibrated",
                     items, len(hessians))
 
@@ -330,8 +339,11 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     for name, module in linears:
         if id(module) in new or chosen[id(module)] is None:
             continue
+        hessian = hessians.pop(id(module), None)
         try:
-            layer = AWQLinear.from_linear(module, G, hessian=hessians.pop(id(module), None))
+            # act_order orders by the hessian: a layer without one is rounded in row order.
+            layer = AWQLinear.from_linear(module, G, hessian=hessian, grid=grid,
+                                          act_order=act_order if hessian is not None else None)
         except ValueError as e:
             raise ValueError(f"{name} cannot be quantized: {e}") from e
         new[id(module)] = layer.train(module.training)
