@@ -263,25 +263,31 @@ def test_gptq_with_a_diagonal_hessian_is_min_max(G, dtype, act_order):
             np.testing.assert_array_equal(x, y)
 
 
-def test_gptq_feeds_a_rows_error_into_the_next():
-    """K = 2, one group: row 0 is rounded to nearest on the min-max grid; row 1 is
-    then rounded from w1 + (H01 / H11) * (w0 - deq0), the value that minimizes
-    ||X (w - deq)|| with row 0 fixed."""
+@pytest.mark.parametrize("act_order, first", [(False, 0), (True, 1)])
+def test_gptq_feeds_the_first_rows_error_into_the_other(act_order, first):
+    """K = 2, one group, H11 > H00: the first row -- row 0 in row order, row 1
+    (the larger diagonal) with act_order -- is rounded to nearest on the min-max
+    grid, taken before either row; the other row o is then rounded from
+    w_o + (H01 / H_oo) * (w_first - deq_first), the value that minimizes
+    ||X (w - deq)|| with the first row fixed."""
     rng = np.random.default_rng(21)
     weight = rng.standard_normal((2, 64)).astype(np.float32)
-    H = np.array([[2.0, 0.9], [0.9, 1.0]])
+    H = np.array([[1.0, 0.9], [0.9, 2.0]])
     _, qzeros, scales = quant.quantize(weight, group_size=2)
     step, zero = scales[0].astype(np.float64), quant.unpack(qzeros)[0].astype(np.float64)
-    q0 = np.clip(np.rint(weight[0] / step) + zero, 0, 15)
-    target = weight[1] + 0.9 / 1.0 * (weight[0] - (q0 - zero) * step)
-    q1 = np.clip(np.rint(target / step) + zero, 0, 15)
+    other = 1 - first
+    q = np.empty((2, 64))
+    q[first] = np.clip(np.rint(weight[first] / step) + zero, 0, 15)
+    target = weight[other] + 0.9 / H[other, other] * (weight[first] - (q[first] - zero) * step)
+    q[other] = np.clip(np.rint(target / step) + zero, 0, 15)
 
     qweight, got_zeros, got_scales = quant.quantize(weight, group_size=2, hessian=H, damp=0,
-                                                    grid="minmax", act_order=False)
+                                                    grid="minmax", act_order=act_order)
     np.testing.assert_array_equal(got_zeros, qzeros)  # the group starts before any error
     np.testing.assert_array_equal(got_scales, scales)
-    np.testing.assert_array_equal(quant.unpack(qweight), np.stack([q0, q1]))
-    assert (q1 != np.clip(np.rint(weight[1] / step) + zero, 0, 15)).any()  # the feedback acted
+    np.testing.assert_array_equal(quant.unpack(qweight), q)
+    nearest = np.clip(np.rint(weight[other] / step) + zero, 0, 15)
+    assert (q[other] != nearest).any()  # the feedback acted
 
 
 @pytest.mark.parametrize("act_order", [False, True])
@@ -570,25 +576,6 @@ def test_mse_grid_torch_in_torch_out():
 # --- act_order and the defaults with a hessian --------------------------------------
 
 
-def test_act_order_rounds_the_row_with_the_larger_diagonal_first():
-    """K = 2, one group, H11 > H00: row 1 is rounded to nearest first; row 0 is then
-    rounded from w0 + (H01 / H00) * (w1 - deq1). The grid is min-max's, taken
-    before either row."""
-    rng = np.random.default_rng(34)
-    weight = rng.standard_normal((2, 64)).astype(np.float32)
-    H = np.array([[1.0, 0.9], [0.9, 2.0]])
-    _, qzeros, scales = quant.quantize(weight, group_size=2)
-    step, zero = scales[0].astype(np.float64), quant.unpack(qzeros)[0].astype(np.float64)
-    q1 = np.clip(np.rint(weight[1] / step) + zero, 0, 15)
-    target = weight[0] + 0.9 / 1.0 * (weight[1] - (q1 - zero) * step)
-    q0 = np.clip(np.rint(target / step) + zero, 0, 15)
-
-    qweight, got_zeros, got_scales = quant.quantize(weight, group_size=2, hessian=H, damp=0,
-                                                    grid="minmax", act_order=True)
-    np.testing.assert_array_equal(got_zeros, qzeros)
-    np.testing.assert_array_equal(got_scales, scales)
-    np.testing.assert_array_equal(quant.unpack(qweight), np.stack([q0, q1]))
-    assert (q0 != np.clip(np.rint(weight[0] / step) + zero, 0, 15)).any()  # the feedback acted
 
 
 def test_act_order_keeps_the_group_layout():
