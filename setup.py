@@ -16,6 +16,8 @@ Build knobs (environment variables):
   AWQ_FAST_DEQUANT_WERROR=1         warnings are errors (CI)
   AWQ_FAST_DEQUANT_SANITIZE=address build the C code with a sanitizer
   AWQ_FAST_DEQUANT_NVCC_FLAGS="..."  extra nvcc flags (kernel experiments)
+  AWQ_FAST_DEQUANT_NVCC_THREADS=N   architectures nvcc compiles at once (default:
+                                    one per CPU, 0; 1 compiles them one by one)
 """
 
 import json
@@ -89,6 +91,20 @@ def cuda_lib_dir(home):
         if os.path.isfile(os.path.join(d, "libcudart_static.a")):
             return d
     return None
+
+
+def nvcc_threads(nvcc):
+    """nvcc's --threads argument (architectures compiled in parallel), or []
+    when this nvcc has no such option (before CUDA 11.2)."""
+    wanted = os.environ.get("AWQ_FAST_DEQUANT_NVCC_THREADS", "0").strip() or "0"
+    if not wanted.isdigit():
+        raise RuntimeError(f"AWQ_FAST_DEQUANT_NVCC_THREADS must be a number >= 0; got {wanted!r}")
+    try:
+        help_text = subprocess.run([nvcc, "--help"], capture_output=True, text=True,
+                                   check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return ["--threads", wanted] if "--threads" in help_text else []
 
 
 def supported_archs(nvcc):
@@ -203,6 +219,7 @@ class BuildExt(build_ext):
         newest = max(archs)
         gencode += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
         arch_list = ";".join(str(a) for a in archs)
+        threads = nvcc_threads(nvcc)
         objects = []
         sources = cuda_sources()
         for i, src in enumerate(sources, 1):
@@ -210,7 +227,7 @@ class BuildExt(build_ext):
             obj = os.path.join(out_dir, name.replace(os.sep, "_")[:-3] + ".o")
             cmd = [nvcc, "-c", src, "-o", obj, "-std=c++17", "-I", CSRC,
                    "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-                   f'-DAWQ_CUDA_ARCHS="{arch_list}"', *gencode]
+                   f'-DAWQ_CUDA_ARCHS="{arch_list}"', *gencode, *threads]
             cmd += ["-O0", "-g", "-G"] if debug else ["-O3", "-lineinfo"]
             if env_flag("AWQ_FAST_DEQUANT_WERROR"):
                 cmd += ["-Werror", "all-warnings"]
@@ -220,8 +237,8 @@ class BuildExt(build_ext):
             if self._object_current(cmd, src, obj):
                 log(f"[{i}/{len(sources)}] {name}: up to date")
                 continue
-            log(f"[{i}/{len(sources)}] nvcc {name} for sm_{', sm_'.join(map(str, archs))} "
-                f"(about a minute per architecture)")
+            how = "in parallel" if threads and threads[1] != "1" else "one after another"
+            log(f"[{i}/{len(sources)}] nvcc {name} for sm_{', sm_'.join(map(str, archs))} ({how})")
             started = time.monotonic()
             subprocess.run(cmd, check=True)
             log(f"[{i}/{len(sources)}] {name}: {time.monotonic() - started:.0f} s")
