@@ -5,7 +5,12 @@ lane with the kernel's own index and bit functions (csrc/cuda/linear_layout.cuh)
 and feeds the fragments to an emulation of mma.m16n8k16 written from the PTX
 ISA; every value is exact in double, so y must equal x @ W (+ bias) exactly.
 These tests build it with the host's C++ compiler and run it, and check that
-it does catch a wrong mapping."""
+it does catch a wrong mapping.
+
+tests/cuda_host/test_gemv_layout.cpp does the same for the decode kernel's
+shared-memory stage (gemv_map): every copied byte lands once where the layout
+puts it, every lane's fragment loads read its fragment, and the bank
+conflicts are counted -- fewer than the plain layout (--flat) has."""
 
 import os
 import re
@@ -18,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 LAYOUT = os.path.join(CSRC, "cuda", "linear_layout.cuh")
 PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_mma_layout.cpp")
+GEMV_PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_gemv_layout.cpp")
 
 
 def _compiler():
@@ -30,18 +36,18 @@ def _compiler():
     return [nvcc, "-x", "c++"] if nvcc else None
 
 
-def _build(include_dir, out):
+def _build(include_dir, out, program=PROGRAM):
     cxx = _compiler()
     if cxx is None:
         pytest.skip("no C++ compiler")
-    proc = subprocess.run([*cxx, "-std=c++17", "-O1", "-I", include_dir, PROGRAM, "-o", out],
+    proc = subprocess.run([*cxx, "-std=c++17", "-O1", "-I", include_dir, program, "-o", out],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
 
-def _run(binary):
-    return subprocess.run([binary], capture_output=True, text=True, timeout=300)
+def _run(binary, *args):
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +95,54 @@ def test_emulation_catches_a_wrong_mapping(tmp_path, old, new):
     proc = _run(_build(str(tmp_path), str(tmp_path / "mutant")))
     assert proc.returncode != 0
     assert "FAILED" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def gemv_layout(tmp_path_factory):
+    if not (os.path.exists(GEMV_PROGRAM) and os.path.exists(LAYOUT)):
+        pytest.skip("needs the source tree")
+    return _build(CSRC, str(tmp_path_factory.mktemp("gemv_layout") / "test_gemv_layout"),
+                  GEMV_PROGRAM)
+
+
+def _gemv_cases(stdout):
+    cases = re.findall(r"NT=(\d) layout=\S+: misplaced (\d+), written twice (\d+), unwritten (\d+), "
+                       r"misread (\d+), bank conflicts (\d+)", stdout)
+    assert [c[0] for c in cases] == ["1", "2"], stdout
+    return [tuple(int(v) for v in c[1:]) for c in cases]
+
+
+def test_gemv_stage_is_placed_and_read(gemv_layout):
+    proc = _run(gemv_layout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [c[:4] for c in _gemv_cases(proc.stdout)] == [(0, 0, 0, 0)] * 2
+
+
+def test_gemv_row_slots_take_conflicts_off_the_plain_layout(gemv_layout):
+    ours = _gemv_cases(_run(gemv_layout).stdout)
+    proc = _run(gemv_layout, "--flat")
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the placement holds as well
+    flat = _gemv_cases(proc.stdout)
+    assert all(f[:4] == (0, 0, 0, 0) for f in flat), proc.stdout
+    assert all(o[4] < f[4] for o, f in zip(ours, flat)), (ours, flat)
+
+
+@pytest.mark.parametrize("old, new", [
+    # rows 2i and 2i + 1 swapped in the fragment
+    ("return 2 * i + (r & 1) + 8 * (r >> 1); }", "return 2 * i + ((r & 1) ^ 1) + 8 * (r >> 1); }"),
+    # two lanes copy the same x half
+    ("AWQ_HD int x_copy_half(int lane) { return lane & 1; }",
+     "AWQ_HD int x_copy_half(int lane) { return (lane >> 1) & 1; }"),
+])
+def test_gemv_check_catches_a_wrong_mapping(tmp_path, old, new):
+    if not (os.path.exists(GEMV_PROGRAM) and os.path.exists(LAYOUT)):
+        pytest.skip("needs the source tree")
+    (tmp_path / "cuda").mkdir()
+    shutil.copy(os.path.join(CSRC, "awq.h"), tmp_path / "awq.h")
+    with open(LAYOUT, encoding="utf-8") as f:
+        text = f.read()
+    assert text.count(old) == 1
+    (tmp_path / "cuda" / "linear_layout.cuh").write_text(text.replace(old, new), encoding="utf-8")
+    proc = _run(_build(str(tmp_path), str(tmp_path / "mutant"), GEMV_PROGRAM))
+    assert proc.returncode != 0
+    assert sum(_gemv_cases(proc.stdout)[0][:4]) > 0, proc.stdout

@@ -204,15 +204,11 @@ __device__ __forceinline__ void compute(float (&acc)[NT][kLaneWords][4][4], cons
 
 /* ---- the ring: cp.async into a warp's own shared memory ------------------- */
 
-/* A stage's rows: k16 row r of the strip (64 bytes) sits in row slot
- * r ^ ((r >> 1) & 1), so that the four rows 2i + d (i = 0..3) a fragment
- * read takes fall in alternate halves of the 128 bytes of banks: two
- * wavefronts for 256 bytes, no conflict.  x follows, row m of x (16 k) at
- * kRowsBytes + 32 m. */
-constexpr int kRowBytes = kStripWords * 4;      /* 64 */
-constexpr int kRowsBytes = kStepK * kRowBytes;  /* 1024 */
-__host__ __device__ constexpr int row_slot(int r) { return r ^ ((r >> 1) & 1); }
-static_assert(stage_bytes(1) == kRowsBytes + kTileM * kStepK * 2, "a stage is the strip's rows, then x");
+/* The stage's layout, for the banks: gemv_map in cuda/linear_layout.cuh. */
+namespace gm = gemv_map;
+static_assert(gm::kTileM == kTileM && gm::kStepK == kStepK && gm::kRowBytes == kStripWords * 4,
+              "the stage holds one k16 step of a strip");
+static_assert(stage_bytes(1) == gm::kRowsBytes + gm::kXTileBytes, "a stage is the strip's rows, then x");
 
 /* Why: 16 bytes of qweight, asking L2 for the 256-byte neighbourhood (the
  * next strips read it at about the same time). */
@@ -231,11 +227,10 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-/* A lane's share of the copies of one step: 16 bytes (4 words) of rows
- * r0 = lane / 4 and r0 + 8 of the strip, chunk lane % 4; lanes 0..16 NT - 1
- * also 16 bytes of x: row lane / 2 of x, k half lane % 2.  The lanes' fragments
- * come from all of them: a warp barrier separates the copies from the
- * reads. */
+/* A lane's share of the copies of one step (gemv_map): 16 bytes of two
+ * rows of the strip and, for lanes 0..16 NT - 1, 16 bytes of x.  The lanes'
+ * fragments come from all of them: a warp barrier separates the copies from
+ * the reads. */
 struct Copier {
     const uint32_t *qp; /* &qweight[k0 + r0][chunk] */
     const char *xp;     /* &x[m][k0 + 8 h] */
@@ -248,14 +243,15 @@ struct Copier {
 __device__ __forceinline__ void ring_issue(uint32_t stage, Copier &c, int64_t W)
 {
     cp_16(stage + c.q_dst, c.qp);
-    cp_16(stage + c.q_dst + 8 * kRowBytes, c.qp + 8 * W);
+    cp_16(stage + c.q_dst + gm::kRowsBytes / 2, c.qp + 8 * W);
     if (c.x_copy) cp_16_or_zero(stage + c.x_dst, c.xp, c.x_ok);
     c.qp += kStepK * W;
     c.xp += kStepK * sizeof(uint16_t);
 }
 
 /* Where a lane's fragments sit in a stage: rows 2i, 2i + 1 (+ 8 for the
- * second pair) at bytes 8g of the strip, x row g at k 2i and 2i + 8. */
+ * second pair) at bytes 8g of the strip, x row g (8t + g for tile t) at k 2i
+ * and 2i + 8. */
 struct Reader {
     uint32_t r0, r1, x;
 };
@@ -265,16 +261,16 @@ template <int NT> __device__ __forceinline__ void ring_read(Step<NT> &st, const 
 {
     const uint2 a = *reinterpret_cast<const uint2 *>(stage + r.r0);
     const uint2 b = *reinterpret_cast<const uint2 *>(stage + r.r1);
-    const uint2 c = *reinterpret_cast<const uint2 *>(stage + r.r0 + 8 * kRowBytes);
-    const uint2 d = *reinterpret_cast<const uint2 *>(stage + r.r1 + 8 * kRowBytes);
+    const uint2 c = *reinterpret_cast<const uint2 *>(stage + r.r0 + gm::kRowsBytes / 2);
+    const uint2 d = *reinterpret_cast<const uint2 *>(stage + r.r1 + gm::kRowsBytes / 2);
     st.w[0][0] = a.x, st.w[0][1] = a.y;
     st.w[1][0] = b.x, st.w[1][1] = b.y;
     st.w[2][0] = c.x, st.w[2][1] = c.y;
     st.w[3][0] = d.x, st.w[3][1] = d.y;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        st.b[t][0] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * kTileM * 32);
-        st.b[t][1] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * kTileM * 32 + 16);
+        st.b[t][0] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * gm::kXTileBytes);
+        st.b[t][1] = *reinterpret_cast<const uint32_t *>(stage + r.x + t * gm::kXTileBytes + gm::kXHalfBytes);
     }
 }
 
@@ -295,21 +291,21 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
     if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
 
     const int64_t k0 = (int64_t)s_begin * kStepK;
-    const int r0 = lane >> 2, chunk = lane & 3;
+    const int r0 = gm::copy_row(lane), chunk = gm::copy_chunk(lane);
     Copier cp;
     /* chunks past N, clamped, feed only outputs that are never stored */
     cp.qp = a.qweight + (k0 + r0) * a.W + min(w0 + 4 * chunk, a.W - 4);
-    cp.q_dst = (uint32_t)(row_slot(r0) * kRowBytes + chunk * 16);
+    cp.q_dst = (uint32_t)gm::row_byte(r0, 16 * chunk);
     constexpr int kStage = stage_bytes(NT);
-    const int xm = (lane >> 1) & (NT * kTileM - 1), xh = lane & 1;
+    const int xm = gm::x_copy_row(lane) & (NT * kTileM - 1), xh = gm::x_copy_half(lane);
     cp.x_copy = lane < 2 * NT * kTileM;
     cp.x_ok = xm < a.M;
     cp.xp = a.x + ((int64_t)(cp.x_ok ? xm : 0) * a.K + k0 + 8 * xh) * (int64_t)sizeof(uint16_t);
-    cp.x_dst = (uint32_t)(kRowsBytes + xm * 32 + xh * 16);
+    cp.x_dst = (uint32_t)gm::x_byte(xm, 16 * xh);
     Reader rd;
-    rd.r0 = (uint32_t)(row_slot(2 * i) * kRowBytes + 8 * g);
-    rd.r1 = (uint32_t)(row_slot(2 * i + 1) * kRowBytes + 8 * g);
-    rd.x = (uint32_t)(kRowsBytes + g * 32 + 4 * i);
+    rd.r0 = (uint32_t)gm::row_byte(gm::frag_row(i, 0), 8 * g);
+    rd.r1 = (uint32_t)gm::row_byte(gm::frag_row(i, 1), 8 * g);
+    rd.x = (uint32_t)gm::x_byte(g, 4 * i);
 
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(ring);
     /* Ring - 1 steps in flight; a commit per step, empty past the slice, keeps the count */

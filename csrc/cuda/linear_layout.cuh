@@ -169,6 +169,54 @@ AWQ_HD int group_start(int group, int spg) { return group * spg; }
 AWQ_HD int64_t slice_begin(int64_t n, int64_t parts, int64_t s) { return s * n / parts; }
 
 } // namespace mma_map
+
+/* ---- the decode kernel's shared-memory stage (cuda/linear_gemv.cuh) -----------
+ * A stage holds one k16 step of a warp's strip of 16 word columns: 16 rows of
+ * 64 bytes, then x (16 k of 8 NT rows, 32 bytes a row).  Lanes copy 16-byte
+ * chunks and read 8-byte (qweight) and 4-byte (x) pieces, each lane those of
+ * its fragments:
+ *
+ * - k16 row r sits in row slot r ^ ((r >> 1) & 1), so that the four rows
+ *   2i + d (i = 0..3) of one fragment load alternate between the two 64-byte
+ *   halves of the 128 bytes of banks.
+ * - x: row m at kRowsBytes + 32 m, element k at 2 k.
+ * - copies: lane l copies chunk l % 4 (16 bytes) of rows l / 4 and l / 4 + 8;
+ *   lanes l < 16 NT copy k half l % 2 of x row l / 2.
+ *
+ * Banks (32 of 4 bytes; an 8-byte load served by half-warps, a 16-byte access
+ * by quarter-warps): this layout leaves two-way conflicts in the half-warps of
+ * the fragment loads, the B register loads and the x copies, which
+ * tests/cuda_host/test_gemv_layout.cpp counts. */
+namespace gemv_map {
+
+constexpr int kStepK = 16;
+constexpr int kTileM = 8;                     /* rows of x of one n8 tile */
+constexpr int kRowBytes = 64;                 /* a strip row: 16 words */
+constexpr int kRowsBytes = kStepK * kRowBytes; /* 1024 */
+constexpr int kXHalfBytes = 16;               /* from k 0..7 to k 8..15 of a row of x */
+constexpr int kXTileBytes = kTileM * 32;      /* an n8 tile of x */
+
+AWQ_HD int row_slot(int r) { return r ^ ((r >> 1) & 1); }
+
+/* Offset in a stage of byte b (0..63) of k16 row r of the strip; row r + 8
+ * (r < 8) is kRowsBytes / 2 further. */
+AWQ_HD int row_byte(int r, int b) { return row_slot(r) * kRowBytes + b; }
+
+/* Offset in a stage of byte b (0..31: element b / 2) of row m of x; the
+ * second k half is kXHalfBytes further, tile t + 1 kXTileBytes. */
+AWQ_HD int x_byte(int m, int b) { return kRowsBytes + 32 * m + b; }
+
+/* A lane's copies: rows copy_row(l) and copy_row(l) + 8, bytes 16 copy_chunk(l) .. + 15. */
+AWQ_HD int copy_row(int lane) { return lane >> 2; }
+AWQ_HD int copy_chunk(int lane) { return lane & 3; }
+/* Lanes below 16 NT copy x: bytes 16 x_copy_half(l) .. + 15 of row x_copy_row(l). */
+AWQ_HD int x_copy_row(int lane) { return lane >> 1; }
+AWQ_HD int x_copy_half(int lane) { return lane & 1; }
+
+/* The rows of a lane's fragment: r = 0..3 -> k 2i, 2i + 1, 2i + 8, 2i + 9 (PTX ISA, A of m16n8k16). */
+AWQ_HD int frag_row(int i, int r) { return 2 * i + (r & 1) + 8 * (r >> 1); }
+
+} // namespace gemv_map
 } // namespace awq_cu
 
 #endif /* AWQ_CUDA_LINEAR_LAYOUT_CUH */
