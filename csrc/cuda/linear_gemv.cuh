@@ -101,7 +101,7 @@ __host__ __device__ constexpr int smem_bytes(int warps, int ring, int nt) { retu
 __host__ __device__ constexpr int tiles_of(int64_t M) { return M > kTileM ? 2 : 1; }
 
 /* Output column, inside its word, of nibble p (the inverse of AWQ_NIBBLE). */
-__host__ __device__ constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >> 2); }
+using gemv_map::nibble_col;
 static_assert(nibble_col(AWQ_NIBBLE(1)) == 1 && nibble_col(AWQ_NIBBLE(2)) == 2 && nibble_col(AWQ_NIBBLE(7)) == 7,
               "nibble_col inverts AWQ_NIBBLE");
 
@@ -167,14 +167,13 @@ template <class T, int B>
 __device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t ze, uint32_t zo, uint32_t se,
                                              uint32_t so, uint32_t &even, uint32_t &odd)
 {
-    constexpr uint32_t sel = B | (B << 4) | ((4 + B) << 8) | ((4 + B) << 12);
-    const uint32_t r = __byte_perm(lo, hi, sel);
-    even = mul2<T>(sub2<T>(and_or<0x000F000Fu, PairMagic<T>::kValue>(r), ze), se);
+    const uint32_t r = __byte_perm(lo, hi, gemv_map::pair_select(B));
+    even = mul2<T>(sub2<T>(and_or<gemv_map::kEvenNibbles, PairMagic<T>::kValue>(r), ze), se);
     if constexpr (std::is_same<T, F16T>::value) {
-        const __half2 q16 = as_half2(and_or<0x00F000F0u, PairMagic<T>::kValue>(r)); /* 1024 + 16q */
+        const __half2 q16 = as_half2(and_or<gemv_map::kOddNibbles, PairMagic<T>::kValue>(r)); /* 1024 + 16q */
         odd = mul2<T>(half2_bits(__hfma2(q16, as_half2(kF16Sixteenth), as_half2(zo))), so);
     } else {
-        odd = mul2<T>(sub2<T>(and_or<0x000F000Fu, PairMagic<T>::kValue>(r >> 4), zo), so);
+        odd = mul2<T>(sub2<T>(and_or<gemv_map::kEvenNibbles, PairMagic<T>::kValue>(r >> 4), zo), so);
     }
 }
 
@@ -184,10 +183,10 @@ __device__ __forceinline__ void compute_byte(float (&acc)[NT][kLaneWords][4][4],
 #pragma unroll
     for (int v = 0; v < kLaneWords; ++v) {
         uint32_t a[4]; /* A registers: rows (g, g + 8) x k pairs (2i, 2i + 8) */
-        dequant_byte<T, B>(st.w[0][v], st.w[1][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
-                           gs.s[v][2 * B + 1], a[0], a[1]);
-        dequant_byte<T, B>(st.w[2][v], st.w[3][v], gs.z[v][2 * B], gs.z[v][2 * B + 1], gs.s[v][2 * B],
-                           gs.s[v][2 * B + 1], a[2], a[3]);
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+            dequant_byte<T, B>(st.w[2 * p][v], st.w[2 * p + 1][v], gs.z[v][2 * B], gs.z[v][2 * B + 1],
+                               gs.s[v][2 * B], gs.s[v][2 * B + 1], a[gemv_map::a_reg(p, 0)], a[gemv_map::a_reg(p, 1)]);
 #pragma unroll
         for (int t = 0; t < NT; ++t) mma_16816<T>(acc[t][v][B], a, st.b[t][0], st.b[t][1]);
     }
@@ -418,7 +417,7 @@ __global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Arg
         for (int t = 0; t < NT; ++t)
 #pragma unroll
             for (int e2 = 0; e2 < 2; ++e2) {
-                const int m = t * kTileM + 2 * i + e2;
+                const int m = gemv_map::acc_x_row(t, i, e2);
                 if (m >= a.M) continue;
 #pragma unroll
                 for (int v = 0; v < kLaneWords; ++v) {
@@ -427,8 +426,8 @@ __global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Arg
                     float o[8];
 #pragma unroll
                     for (int b = 0; b < 4; ++b) {
-                        o[nibble_col(2 * b)] = acc[t][v][b][e2];
-                        o[nibble_col(2 * b + 1)] = acc[t][v][b][2 + e2];
+                        o[nibble_col(gemv_map::acc_nibble(b, e2))] = acc[t][v][b][e2];
+                        o[nibble_col(gemv_map::acc_nibble(b, e2 + 2))] = acc[t][v][b][e2 + 2];
                     }
                     finish<T>(a, m, wc * AWQ_COLS_PER_WORD, o);
                 }
@@ -442,13 +441,13 @@ __global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Arg
     for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int m = t * kTileM + 2 * i + (e & 1);
+            const int m = gemv_map::acc_x_row(t, i, e);
             if (m >= a.M) continue;
 #pragma unroll
             for (int v = 0; v < kLaneWords; ++v)
 #pragma unroll
                 for (int b = 0; b < 4; ++b)
-                    mine[m * kStripCols + (g * kLaneWords + v) * AWQ_COLS_PER_WORD + nibble_col(2 * b + (e >> 1))] =
+                    mine[m * kStripCols + (g * kLaneWords + v) * AWQ_COLS_PER_WORD + nibble_col(gemv_map::acc_nibble(b, e))] =
                         acc[t][v][b][e];
         }
     __syncthreads();

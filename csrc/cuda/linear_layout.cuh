@@ -216,6 +216,27 @@ AWQ_HD int x_copy_half(int lane) { return lane & 1; }
 /* The rows of a lane's fragment: r = 0..3 -> k 2i, 2i + 1, 2i + 8, 2i + 9 (PTX ISA, A of m16n8k16). */
 AWQ_HD int frag_row(int i, int r) { return 2 * i + (r & 1) + 8 * (r >> 1); }
 
+/* ---- the decode kernel's fragments ----------------------------------------------
+ * The dequantized weights are the A operand (16 output columns x 16 k), x is
+ * B (16 k x 8 rows of x).  For byte b of the lane's word v (word column
+ * cw + v, cw = strip + 2g) and row pair p (fragment rows 2p, 2p + 1: k 2i, 2i + 1
+ * or 2i + 8, 2i + 9), one byte permute of the two rows' words puts byte b of
+ * row k in byte 0 and of row k + 1 in byte 2; the even mask then takes
+ * nibble 2b of both rows, the odd mask nibble 2b + 1 (4 bits higher).  A
+ * register a_reg(p, odd) holds that pair: A row g for nibble 2b, g + 8 for
+ * nibble 2b + 1 -- the output column 8 (cw + v) + nibble_col(nibble). */
+AWQ_HD constexpr int nibble_col(int p) { return 2 * (p & 3) + (p >> 2); } /* the inverse of AWQ_NIBBLE */
+AWQ_HD constexpr uint32_t pair_select(int b) { return b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12); }
+constexpr uint32_t kEvenNibbles = 0x000F000Fu;
+constexpr uint32_t kOddNibbles = 0x00F000F0u;
+AWQ_HD int a_reg(int pair, int odd) { return 2 * pair + odd; }
+
+/* Accumulator e of the mma for (tile t, word v, byte b) of lane (g, i): row
+ * acc_x_row(t, i, e) of x at the column of nibble acc_nibble(b, e) of word
+ * cw + v. */
+AWQ_HD int acc_x_row(int t, int i, int e) { return kTileM * t + 2 * i + (e & 1); }
+AWQ_HD int acc_nibble(int b, int e) { return 2 * b + (e >> 1); }
+
 } // namespace gemv_map
 } // namespace awq_cu
 

@@ -1,7 +1,8 @@
 /*
- * The decode kernel's shared-memory stage (gemv_map in csrc/cuda/linear_layout.cuh),
- * checked on the host with the kernel's own offset functions, for one and two
- * n8 tiles of x:
+ * The decode kernel (csrc/cuda/linear_gemv.cuh), checked on the host with its
+ * own layout functions (gemv_map in csrc/cuda/linear_layout.cuh).
+ *
+ * 1. Its shared-memory stage, for one and two n8 tiles of x:
  *
  *  - the lanes' 16-byte copies (two strip rows each, x for lanes < 16 NT) write
  *    every byte of the stage exactly once, each byte where the layout puts it;
@@ -16,17 +17,29 @@
  *
  * With --flat the same checks run on the plain layout (strip row r at 64 r,
  * read at its own offsets): the placement checks still hold, and the row slots
- * must show fewer conflicts than it.  One line per case; exit status 1 when a
- * placement or read check fails.
+ * must show fewer conflicts than it.
+ *
+ * 2. Its warps, lane by lane: the fragment words each lane takes, the byte
+ * permute and nibble masks that pair rows k and k + 1, the zero and scale of
+ * each nibble, the A registers, the B registers of each tile, the K slices,
+ * and where each accumulator goes -- through the emulation of mma.m16n8k16
+ * in isa_mma.h (PTX ISA tables).  Every value is exact in double, so y must
+ * equal x @ W from the AWQ contract exactly (skipped with --flat).
+ *
+ * One line per case; exit status 1 when a placement, read or emulation check
+ * fails.
  */
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "cuda/linear_layout.cuh"
+#include "isa_mma.h"
 
 using namespace awq_cu::gemv_map;
+namespace mm = awq_cu::mma_map;
 
 namespace {
 
@@ -146,6 +159,140 @@ Result check(int nt)
     return res;
 }
 
+
+/* ---- the warps, emulated --------------------------------------------------- */
+
+struct Problem {
+    int M, K, N, G;
+    isa::Dtype dt;
+    int W; /* word columns */
+    std::vector<uint32_t> qw, qz;
+    std::vector<uint16_t> sc, x;
+};
+
+int nibble_of(uint32_t word, int p) { return (int)((word >> (4 * p)) & 0xF); }
+
+/* W[k][n] straight from the contract: (q - z) * s, q and z at nibble AWQ_NIBBLE(n % 8). */
+double w_ref(const Problem &p, int k, int n)
+{
+    const int j = AWQ_NIBBLE(n % 8), grp = k / p.G;
+    const int q = nibble_of(p.qw[(size_t)k * p.W + n / 8], j), z = nibble_of(p.qz[(size_t)grp * p.W + n / 8], j);
+    return (q - z) * isa::value(p.dt, p.sc[(size_t)grp * p.N + n]);
+}
+
+Problem make_problem(std::mt19937 &rng, int M, int K, int N, int G, isa::Dtype dt)
+{
+    Problem p{M, K, N, G, dt, N / 8, {}, {}, {}, {}};
+    std::uniform_int_distribution<uint32_t> word;
+    std::uniform_int_distribution<int> small(-3, 3), expo(-3, 1);
+    p.qw.resize((size_t)K * p.W);
+    p.qz.resize((size_t)(K / G) * p.W);
+    for (auto &w : p.qw) w = word(rng);
+    for (auto &w : p.qz) w = word(rng);
+    p.sc.resize((size_t)(K / G) * N);
+    for (auto &v : p.sc) v = isa::bits_of(dt, std::ldexp(1.0, expo(rng))); /* powers of two: exact products */
+    p.x.resize((size_t)M * K);
+    for (auto &v : p.x) v = isa::bits_of(dt, small(rng));
+    return p;
+}
+
+uint32_t pair_bits(isa::Dtype dt, double lo, double hi)
+{
+    return (uint32_t)isa::bits_of(dt, lo) | ((uint32_t)isa::bits_of(dt, hi) << 16);
+}
+
+/* The launch: every strip, cluster rank and warp (K slice), y accumulated in
+ * double; touched counts the slices that wrote each output. */
+void emulate(const Problem &p, int warps, int split, std::vector<double> &y, std::vector<int> &touched)
+{
+    const int nt = p.M > kTileM ? 2 : 1, nsteps = p.K / kStepK, spg = p.G / kStepK;
+    const int strips = (p.W + 15) / 16, nslices = warps * split;
+    for (int strip = 0; strip < strips; ++strip) {
+        const int w0 = 16 * strip;
+        for (int slice = 0; slice < nslices; ++slice) {
+            const int s_begin = (int)mm::slice_begin(nsteps, nslices, slice);
+            const int s_end = (int)mm::slice_begin(nsteps, nslices, slice + 1);
+            static double acc[32][2][2][4][4]; /* lane, tile, word, byte, accumulator */
+            std::memset(acc, 0, sizeof acc);
+            for (int s = s_begin; s < s_end; ++s) {
+                const int k0 = kStepK * s, grp = s / spg;
+                for (int v = 0; v < 2; ++v)
+                    for (int b = 0; b < 4; ++b)
+                        for (int t = 0; t < nt; ++t) {
+                            isa::Warp wp;
+                            for (int lane = 0; lane < 32; ++lane) {
+                                const int g = lane >> 2, i = lane & 3;
+                                const int cw = std::min(w0 + 2 * g, p.W - 2) + v; /* the kernel's clamp */
+                                const uint32_t zword = p.qz[(size_t)grp * p.W + cw];
+                                for (int pr = 0; pr < 2; ++pr) {
+                                    const int k = k0 + frag_row(i, 2 * pr);
+                                    const uint32_t lo = p.qw[(size_t)k * p.W + cw];
+                                    const uint32_t hi = p.qw[(size_t)(k0 + frag_row(i, 2 * pr + 1)) * p.W + cw];
+                                    const uint32_t r = mm::byte_perm(lo, hi, pair_select(b));
+                                    for (int odd = 0; odd < 2; ++odd) {
+                                        const uint32_t q = odd ? (r & kOddNibbles) >> 4 : r & kEvenNibbles;
+                                        const int nib = 2 * b + odd;
+                                        const int z = (int)(mm::zero_pair(zword, nib) & 0xF);
+                                        const double sv = isa::value(
+                                            p.dt, p.sc[(size_t)grp * p.N + 8 * cw + nibble_col(nib)]);
+                                        wp.a[lane][a_reg(pr, odd)] =
+                                            pair_bits(p.dt, ((int)(q & 0xF) - z) * sv, ((int)(q >> 16) - z) * sv);
+                                    }
+                                }
+                                const int m = kTileM * t + g;
+                                for (int h = 0; h < 2; ++h) {
+                                    const int k = k0 + 2 * i + 8 * h;
+                                    wp.b[lane][h] = m < p.M ? (uint32_t)p.x[(size_t)m * p.K + k] |
+                                                                  ((uint32_t)p.x[(size_t)m * p.K + k + 1] << 16)
+                                                            : 0u;
+                                }
+                            }
+                            double d[32][4] = {};
+                            isa::isa_mma(wp, p.dt, d);
+                            for (int lane = 0; lane < 32; ++lane)
+                                for (int e = 0; e < 4; ++e) acc[lane][t][v][b][e] += d[lane][e];
+                        }
+            }
+            for (int lane = 0; lane < 32; ++lane) {
+                const int g = lane >> 2, i = lane & 3;
+                for (int t = 0; t < nt; ++t)
+                    for (int v = 0; v < 2; ++v)
+                        for (int b = 0; b < 4; ++b)
+                            for (int e = 0; e < 4; ++e) {
+                                const int m = acc_x_row(t, i, e), wc = w0 + 2 * g + v;
+                                if (m >= p.M || wc >= p.W) continue; /* never stored */
+                                const size_t o = (size_t)m * p.N + 8 * wc + nibble_col(acc_nibble(b, e));
+                                y[o] += acc[lane][t][v][b][e];
+                                touched[o]++;
+                            }
+            }
+        }
+    }
+}
+
+bool emulation_case(std::mt19937 &rng, int M, int K, int N, int G, isa::Dtype dt, int warps, int split)
+{
+    const Problem p = make_problem(rng, M, K, N, G, dt);
+    std::vector<double> y((size_t)M * N, 0.0);
+    std::vector<int> touched((size_t)M * N, 0);
+    emulate(p, warps, split, y, touched);
+    const int nslices = warps * split;
+    int mismatches = 0, wrong_count = 0;
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            double want = 0;
+            for (int k = 0; k < K; ++k) want += isa::value(dt, p.x[(size_t)m * K + k]) * w_ref(p, k, n);
+            mismatches += y[(size_t)m * N + n] != want;
+            /* one partial sum a slice, an empty slice's zeros included, as the kernel adds them */
+            wrong_count += touched[(size_t)m * N + n] != nslices;
+        }
+    const bool ok = mismatches == 0 && wrong_count == 0 && isa::g_failures == 0;
+    std::printf("emulation %s M=%-2d K=%-3d N=%-4d G=%-3d warps=%d split=%d: mismatches %d, wrong slice counts %d%s\n",
+                dt == isa::F16 ? "f16 " : "bf16", M, K, N, G, warps, split, mismatches, wrong_count,
+                ok ? "" : "  FAILED");
+    return ok;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -158,5 +305,21 @@ int main(int argc, char **argv)
                     g_flat ? "flat" : "gemv_map", r.misplaced, r.twice, r.unwritten, r.misread, r.bank_conflicts);
         ok = ok && r.misplaced == 0 && r.twice == 0 && r.unwritten == 0 && r.misread == 0;
     }
+    if (!g_flat) {
+        std::mt19937 rng(7);
+        /* M, K, N, G, dtype, warps, cluster blocks: one and two tiles, M tails,
+         * strip tails (N = 288: 2 strips and 4 words; 96: less than one strip),
+         * G = 16 (a group every step), G = K, more slices than steps */
+        struct {
+            int M, K, N, G;
+            isa::Dtype dt;
+            int warps, split;
+        } cases[] = {{1, 64, 256, 32, isa::F16, 1, 1},   {3, 96, 288, 16, isa::BF16, 2, 2},
+                     {8, 128, 96, 128, isa::F16, 4, 1},  {9, 64, 256, 64, isa::F16, 2, 1},
+                     {16, 128, 288, 32, isa::BF16, 8, 2}, {12, 96, 544, 48, isa::F16, 4, 4},
+                     {5, 32, 128, 16, isa::BF16, 8, 1}};
+        for (const auto &c : cases) ok = emulation_case(rng, c.M, c.K, c.N, c.G, c.dt, c.warps, c.split) && ok;
+    }
+    std::printf("%s\n", ok ? "OK" : "FAILED");
     return ok ? 0 : 1;
 }
