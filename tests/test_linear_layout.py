@@ -86,7 +86,12 @@ def test_partial_tiles_and_slices_hold_their_invariants(emulation):
     ("return 2 * i + (e & 1); }", "return 2 * i + (e >> 1); }"),
 ])
 def test_emulation_catches_a_wrong_mapping(tmp_path, old, new):
-    if not (os.path.exists(PROGRAM) and os.path.exists(LAYOUT)):
+    _assert_mutant_fails(tmp_path, PROGRAM, old, new)
+
+
+def _assert_mutant_fails(tmp_path, program, old, new):
+    """program, built against linear_layout.cuh with `old` replaced by `new`, fails."""
+    if not (os.path.exists(program) and os.path.exists(LAYOUT)):
         pytest.skip("needs the source tree")
     (tmp_path / "cuda").mkdir()
     shutil.copy(os.path.join(CSRC, "awq.h"), tmp_path / "awq.h")
@@ -94,7 +99,7 @@ def test_emulation_catches_a_wrong_mapping(tmp_path, old, new):
         text = f.read()
     assert text.count(old) == 1
     (tmp_path / "cuda" / "linear_layout.cuh").write_text(text.replace(old, new), encoding="utf-8")
-    proc = _run(_build(str(tmp_path), str(tmp_path / "mutant")))
+    proc = _run(_build(str(tmp_path), str(tmp_path / "mutant"), program))
     assert proc.returncode != 0
     assert "FAILED" in proc.stdout
 
@@ -158,14 +163,4 @@ def test_gemv_row_slots_take_conflicts_off_the_plain_layout(gemv_layout):
      "AWQ_HD int acc_nibble(int b, int e) { return 2 * b + (e & 1); }"),
 ])
 def test_gemv_check_catches_a_wrong_mapping(tmp_path, old, new):
-    if not (os.path.exists(GEMV_PROGRAM) and os.path.exists(LAYOUT)):
-        pytest.skip("needs the source tree")
-    (tmp_path / "cuda").mkdir()
-    shutil.copy(os.path.join(CSRC, "awq.h"), tmp_path / "awq.h")
-    with open(LAYOUT, encoding="utf-8") as f:
-        text = f.read()
-    assert text.count(old) == 1
-    (tmp_path / "cuda" / "linear_layout.cuh").write_text(text.replace(old, new), encoding="utf-8")
-    proc = _run(_build(str(tmp_path), str(tmp_path / "mutant"), GEMV_PROGRAM))
-    assert proc.returncode != 0
-    assert "FAILED" in proc.stdout
+    _assert_mutant_fails(tmp_path, GEMV_PROGRAM, old, new)
