@@ -303,12 +303,15 @@ class Checkpoint:
 
 class TensorReader:
     """Reads tensors one at a time; each file is opened (memory-mapped by
-    safetensors) on first use and closed by close() or at the end of a with block."""
+    safetensors) on first use and closed by close() or at the end of a with block.
+    device (framework "pt" only): where safetensors puts the tensors, e.g.
+    "cuda:1"; default the CPU."""
 
-    def __init__(self, folder: Path, tensors: dict, framework: str = "numpy"):
+    def __init__(self, folder: Path, tensors: dict, framework: str = "numpy", device=None):
         self._folder = Path(folder)
         self._tensors = tensors
         self._framework = framework
+        self._options = {} if device is None else {"device": device}
         self._handles: dict = {}
         self._stack = contextlib.ExitStack()
 
@@ -323,7 +326,8 @@ class TensorReader:
         self._stack.close()
 
     def get(self, name: str):
-        """The tensor `name`: a NumPy array or a torch CPU tensor of its shape."""
+        """The tensor `name`: a NumPy array or a torch tensor (on the reader's
+        device) of its shape."""
         info = self._tensors.get(name)
         if info is None:
             raise KeyError(f"no tensor named {name!r} in {self._folder}")
@@ -331,7 +335,7 @@ class TensorReader:
         if handle is None:
             path = self._folder / info.file
             handle = self._stack.enter_context(
-                _safetensors().safe_open(str(path), framework=self._framework))
+                _safetensors().safe_open(str(path), framework=self._framework, **self._options))
             self._handles[info.file] = handle
         return handle.get_tensor(name)
 

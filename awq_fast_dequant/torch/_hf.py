@@ -255,18 +255,12 @@ def _plan(model, checkpoint, prefix: str):
 # --- reading ------------------------------------------------------------------
 
 def _load(model, checkpoint, plan, slots, dtype, device) -> None:
-    safe_open = _require("safetensors").safe_open
+    from awq_fast_dequant.checkpoint import TensorReader
+
     where = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
-    with contextlib.ExitStack() as stack:
-        handles = {}
+    with TensorReader(checkpoint.folder, checkpoint.tensors, "pt", device=where) as reader:
         for source, names in plan:
-            info = checkpoint.tensors[source]
-            handle = handles.get(info.file)
-            if handle is None:
-                path = str(Path(checkpoint.folder) / info.file)
-                handle = handles[info.file] = stack.enter_context(
-                    safe_open(path, framework="pt", device=where))
-            t = handle.get_tensor(source)
+            t = reader.get(source)
             if t.dtype == torch.uint32:
                 t = t.view(torch.int32)  # AWQ words: the same bits, in AWQLinear's dtype
             elif t.is_floating_point() and t.dtype != dtype:
