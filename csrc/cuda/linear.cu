@@ -1203,8 +1203,7 @@ cudaError_t launch_linear(const awq_linear_problem *p, const awq_config *c, cons
  * (the tuner skips it), not a CUDA failure. */
 awq_status linear_status(cudaError_t e)
 {
-    const int kInvalidClusterSize = 912; /* cudaErrorInvalidClusterSize (CUDA 12) */
-    if (e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources || (int)e == kInvalidClusterSize)
+    if (e == cudaErrorInvalidConfiguration || e == cudaErrorLaunchOutOfResources || e == cudaErrorInvalidClusterSize)
         return AWQ_ERR_CONFIG;
     return status_of(e);
 }

@@ -4,8 +4,6 @@
  */
 #include "cuda/cuda.h"
 
-#include <stdio.h>
-
 int awq_cuda_compiled(void) { return 0; }
 
 const char *awq_cuda_archs(void) { return ""; }
