@@ -197,29 +197,35 @@ def unpadded_batches(tokenizer, texts):
             for length, rows in sorted(by_length.items())]
 
 
-@pytest.fixture(scope="module")
-def quantized(trained):
-    """G -> (quantized model, its embeddings), without calibration."""
+def quantized_copies(trained, **options):
+    """G -> (a copy of the trained model quantized by quantize_model(copy, G,
+    **options), its embeddings), for G = 128 and 64."""
     _, _, model, batch, _ = trained
     out = {}
     for G in (128, 64):
         q = copy.deepcopy(model)
-        assert quantize_model(q, G) == []  # every layer fits: 384 and 1536 are multiples of 128
-        assert sum(isinstance(m, AWQLinear) for m in q.modules()) == 37
+        # every layer fits: 384 and 1536 are multiples of 128
+        assert quantize_model(q, G, **options) == []
         out[G] = q, embed(q, batch)
+    return out
+
+
+def count_awq_linear(model):
+    return sum(isinstance(m, AWQLinear) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def quantized(trained):
+    """G -> (quantized model, its embeddings), without calibration."""
+    out = quantized_copies(trained)
+    assert all(count_awq_linear(q) == 37 for q, _ in out.values())
     return out
 
 
 @pytest.fixture(scope="module")
 def mse_grids(trained):
     """G -> embeddings of the model quantized with grid="mse", without calibration."""
-    _, _, model, batch, _ = trained
-    out = {}
-    for G in (128, 64):
-        q = copy.deepcopy(model)
-        assert quantize_model(q, G, grid="mse") == []
-        out[G] = embed(q, batch)
-    return out
+    return {G: e for G, (_, e) in quantized_copies(trained, grid="mse").items()}
 
 
 @pytest.fixture(scope="module")
@@ -232,13 +238,8 @@ def calibration_batches(trained):
 @pytest.fixture(scope="module")
 def calibrated(trained, calibration_batches):
     """G -> (model quantized with calibration, its embeddings)."""
-    _, _, model, batch, _ = trained
-    out = {}
-    for G in (128, 64):
-        q = copy.deepcopy(model)
-        assert quantize_model(q, G, calibration=calibration_batches) == []
-        assert sum(isinstance(m, AWQLinear) for m in q.modules()) == 37
-        out[G] = q, embed(q, batch)
+    out = quantized_copies(trained, calibration=calibration_batches)
+    assert all(count_awq_linear(q) == 37 for q, _ in out.values())
     return out
 
 
@@ -246,14 +247,8 @@ def calibrated(trained, calibration_batches):
 def row_order(trained, calibration_batches):
     """G -> embeddings of the model quantized with calibration, in row order on
     min-max grids."""
-    _, _, model, batch, _ = trained
-    out = {}
-    for G in (128, 64):
-        q = copy.deepcopy(model)
-        assert quantize_model(q, G, calibration=calibration_batches, grid="minmax",
-                              act_order=False) == []
-        out[G] = embed(q, batch)
-    return out
+    out = quantized_copies(trained, calibration=calibration_batches, grid="minmax", act_order=False)
+    return {G: e for G, (_, e) in out.items()}
 
 
 def report(label, G, cos):
@@ -322,5 +317,5 @@ def test_minilm_save_pretrained_and_load_pretrained(trained, quantized, tmp_path
     model.save_pretrained(tmp_path)
     loaded = load_pretrained(tmp_path)
     assert isinstance(loaded, transformers.BertModel)
-    assert sum(isinstance(m, AWQLinear) for m in loaded.modules()) == 37
+    assert count_awq_linear(loaded) == 37
     assert torch.equal(embed(loaded, batch), embeddings)

@@ -29,6 +29,7 @@
  * One line per case; exit status 1 when a placement, read or emulation check
  * fails.
  */
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
