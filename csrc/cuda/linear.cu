@@ -822,6 +822,17 @@ template <auto Kernel> cudaError_t allow_smem(int device, unsigned bytes, int64_
     return e;
 }
 
+/* Why: every kernel's launch ends the same way: the shared-memory opt-in,
+ * then a cluster of `cluster` blocks along x (sm_90) or a plain launch. */
+template <auto Kernel, class Args>
+cudaError_t launch_with_smem(const LaunchShape &s, unsigned cluster, int device, const Device &d, cudaStream_t stream,
+                             const Args &a)
+{
+    const cudaError_t e = allow_smem<Kernel>(device, s.smem, d.smem_optin);
+    if (e != cudaSuccess) return e;
+    return cluster > 1 ? launch_cluster<Kernel>(s, cluster, stream, a) : launch<Kernel>(s, stream, a);
+}
+
 /* A configuration with these launch fields (the others zero). */
 awq_config config_of(int kernel, int block_size, int rows, int split)
 {
@@ -899,11 +910,7 @@ cudaError_t mma_launch_rows(const awq_linear_problem *p, const awq_config *c, co
     s.grid = dim3((unsigned)(mma_colblocks(p) * c->split), (unsigned)std::min<int64_t>(a.mtiles, kMaxGridY), 1);
     s.block = dim3((unsigned)c->block_size, 1, 1);
     s.smem = (unsigned)mma_smem(p, warps, ROWS, c->split);
-    constexpr auto kernel = awq_mma_kernel<T, ROWS, KTAIL>;
-    const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
-    if (e != cudaSuccess) return e;
-    if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
-    return launch<kernel>(s, stream, a);
+    return launch_with_smem<awq_mma_kernel<T, ROWS, KTAIL>>(s, (unsigned)c->split, p->device, d, stream, a);
 }
 
 template <class T, bool KTAIL>
@@ -1000,10 +1007,8 @@ cudaError_t simt_launch_rows(const awq_linear_problem *p, const awq_config *c, c
     s.grid = dim3((unsigned)ceil_div(a.W, bdx), (unsigned)std::min<int64_t>(a.mchunks, kMaxGridY), 1);
     s.block = dim3((unsigned)bdx, (unsigned)c->split, 1);
     s.smem = (unsigned)simt_smem(c->block_size, ROWS, c->split);
-    constexpr auto kernel = awq_simt_kernel<T, ROWS>;
-    const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
-    if (e != cudaSuccess) return e;
-    return launch<kernel>(s, stream, a);
+    /* the split is the block's y (threads sharing a column), never a cluster */
+    return launch_with_smem<awq_simt_kernel<T, ROWS>>(s, 1, p->device, d, stream, a);
 }
 
 template <class T>
@@ -1093,11 +1098,7 @@ cudaError_t gemv_launch_ring(const awq_linear_problem *p, const awq_config *c, c
     s.grid = dim3((unsigned)(gemv_strips(p) * c->split), 1, 1);
     s.block = dim3((unsigned)c->block_size, 1, 1);
     s.smem = (unsigned)gv::smem_bytes(c->block_size / 32, Ring, NT);
-    constexpr auto kernel = gv::kernel<T, Ring, NT>;
-    const cudaError_t e = allow_smem<kernel>(p->device, s.smem, d.smem_optin);
-    if (e != cudaSuccess) return e;
-    if (c->split > 1) return launch_cluster<kernel>(s, (unsigned)c->split, stream, a);
-    return launch<kernel>(s, stream, a);
+    return launch_with_smem<gv::kernel<T, Ring, NT>>(s, (unsigned)c->split, p->device, d, stream, a);
 }
 
 template <class T, int NT>
