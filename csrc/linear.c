@@ -165,7 +165,9 @@ int awq_linear_run_dequant_path(const awq_linear_job *job)
 }
 
 /* awq_linear_timer for the tuner: the dequantize kernel's time (its own
- * clock: CUDA events or the host clock) plus the matmul hook's. */
+ * clock: CUDA events after the cold-L2 flush the fused candidates get, or
+ * the host clock) plus the matmul hook's (right after its own previous run,
+ * as it runs right after the kernel that wrote the weight). */
 static int time_dequant_path(void *ctx, float *us)
 {
     const awq_linear_job *job = ctx;
@@ -183,7 +185,12 @@ static int time_dequant_path(void *ctx, float *us)
     Py_BEGIN_ALLOW_THREADS
     if (lp->device >= 0) {
         float ms = 0.0f;
-        s = awq_cuda_time(&dq, &cfg, NULL, 1, 5, &ms, &detail);
+        awq_cuda_flush flush;
+        s = awq_cuda_flush_create(lp->device, &flush, &detail);
+        if (s == AWQ_OK) {
+            s = awq_cuda_time(&dq, &cfg, &flush, 1, 5, &ms, &detail);
+            awq_cuda_flush_destroy(&flush);
+        }
         dq_us = ms * 1000.0f;
     } else {
         awq_cpu_timing t = {&dq, NULL, 1, 3, 0.0};
