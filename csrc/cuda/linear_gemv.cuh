@@ -316,26 +316,36 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
 
     Group gs;
     decode_group<T>(gs, raw);
-    for (int s0 = s_begin; s0 < s_end; s0 += Ring) {
+    /* Step s (stage j = (s - s_begin) % Ring); refill: step s + Ring - 1 is in the slice. */
+    const auto step = [&](int s, int j, bool refill) {
+        cp_wait<Ring - 2>(); /* this lane's copies of step s have landed... */
+        __syncwarp();        /* ...and every lane's; every lane is done with step s - 1 */
+        Step<NT> st;
+        ring_read(st, ring + j * kStage, rd);
+        /* step s + Ring - 1 into the stage step s - 1 used */
+        if (refill) ring_issue(base + ((j + Ring - 1) % Ring) * kStage, cp, a.W);
+        cp_commit();
+        if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
+            decode_group<T>(gs, next);
+            next_start += a.spg;
+            zp += a.W;
+            sp += sp_pitch;
+            if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
+        }
+        compute<T, NT>(acc, st, gs);
+    };
+    int s0 = s_begin;
+    /* whole rounds whose every refill is in the slice: no tests but the group's */
+    for (; s0 + 2 * Ring - 1 <= s_end; s0 += Ring) {
 #pragma unroll
-        for (int j = 0; j < Ring; ++j) { /* step s0 + j lives in stage j */
-            const int s = s0 + j;
-            if (s >= s_end) break;
-            cp_wait<Ring - 2>(); /* this lane's copies of step s have landed... */
-            __syncwarp();        /* ...and every lane's; every lane is done with step s - 1 */
-            Step<NT> st;
-            ring_read(st, ring + j * kStage, rd);
-            /* step s + Ring - 1 into the stage step s - 1 used */
-            if (s + Ring - 1 < s_end) ring_issue(base + ((j + Ring - 1) % Ring) * kStage, cp, a.W);
-            cp_commit();
-            if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
-                decode_group<T>(gs, next);
-                next_start += a.spg;
-                zp += a.W;
-                sp += sp_pitch;
-                if (next_start < s_end) load_group(next, zp + a.W, sp + sp_pitch);
-            }
-            compute<T, NT>(acc, st, gs);
+        for (int j = 0; j < Ring; ++j) step(s0 + j, j, true);
+    }
+    /* the last 2 Ring - 2 steps or fewer */
+    for (; s0 < s_end; s0 += Ring) {
+#pragma unroll
+        for (int j = 0; j < Ring; ++j) {
+            if (s0 + j >= s_end) break;
+            step(s0 + j, j, s0 + j + Ring - 1 < s_end);
         }
     }
     cp_wait<0>();
@@ -395,8 +405,12 @@ __global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Arg
 
     const int nslices = a.split * warps;
     const int slice = rank * warps + warp;
-    const int s_begin = (int)((int64_t)slice * a.nsteps / nslices);
-    const int s_end = (int)((int64_t)(slice + 1) * a.nsteps / nslices);
+    /* mma_map::slice_begin in 32 bits, unsigned: K < 2^30 keeps nsteps under
+     * 2^26, so (slice + 1) * nsteps <= 64 nsteps < 2^32 */
+    static_assert(kMaxWarps * kMaxSplit <= 64, "slice bounds fit 32 bits");
+    const unsigned n = (unsigned)a.nsteps, ns = (unsigned)nslices;
+    const int s_begin = (int)((unsigned)slice * n / ns);
+    const int s_end = (int)((unsigned)(slice + 1) * n / ns);
 
     float acc[NT][kLaneWords][4][4];
 #pragma unroll
