@@ -88,7 +88,7 @@ typedef enum {
     AWQ_KERNEL_SIMT = 6,    /* linear: fused, CUDA cores */
     AWQ_KERNEL_MMA = 7,     /* linear: fused, tensor cores (mma.sync, sm_80+) */
     AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
-    AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 16, sm_80+) */
+    AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 32, sm_80+) */
 } awq_kernel;
 
 #define AWQ_NUM_KERNELS 10

@@ -6,8 +6,8 @@
     ... the same with --tune
 
 linear(path="fused") on small shapes that reach every branch of the kernels:
-M in {1, 5, 12, 17, 64} (the decode kernel up to M = 16, with one and two
-n8 tiles of x; one, two and four m16 tiles per warp, M tails), N tails
+M in {1, 5, 12, 17, 32, 64} (the decode kernel up to M = 32, with one, two
+and four n8 tiles of x; one, two and four m16 tiles per warp, M tails), N tails
 (a column block of one word column, N = 8), K tails (G = K = 200 and 202),
 G in {32, 128, K}, float16 and bfloat16 (the tensor-core kernel), float32 and
 misaligned views (the CUDA-core kernel), bias on and off; one call captured
@@ -92,7 +92,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tune", action="store_true", help="tune in a fresh cache folder: every candidate runs")
     ap.add_argument("--quick", action="store_true",
-                    help="M in {1, 12, 17}, float16 and float32, three shapes (for the slower checkers)")
+                    help="M in {1, 12, 17, 32}, float16 and float32, three shapes (for the slower checkers)")
     args = ap.parse_args()
     _configure(args.tune)
 
@@ -112,9 +112,9 @@ def main() -> int:
         (96, 8, 32),      # N = 8: one word column
         (384, 520, 384),  # one group, a multiple of 16
     ]
-    ms, dtypes = (1, 5, 12, 17, 64), ("float16", "bfloat16", "float32")
+    ms, dtypes = (1, 5, 12, 17, 32, 64), ("float16", "bfloat16", "float32")
     if args.quick:
-        ms, dtypes, shapes = (1, 12, 17), ("float16", "float32"), shapes[:3]
+        ms, dtypes, shapes = (1, 12, 17, 32), ("float16", "float32"), shapes[:3]
     n = 0
     for M in ms:
         for K, N, G in shapes:

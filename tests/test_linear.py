@@ -316,17 +316,21 @@ def test_cuda_identity_rows_give_w_exactly(rng, dtype):
 @cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_gemv_identity_rows_give_w_exactly(rng, dtype):
-    """The decode kernel's W is the dequantize kernels' W, bit for bit: 8 and
-    16 rows of the identity at a time (one and two n8 tiles of x) give those
-    rows of W through every decode configuration."""
+    """The decode kernel's W is the dequantize kernels' W, bit for bit: 8, 16
+    and 32 rows of the identity at a time (one, two and four n8 tiles of x)
+    give those rows of W through every decode configuration.  Beyond 16 rows
+    the decode kernel is a tuning candidate, not the default, and only where
+    8 K slices get 4 k16 steps each (K >= 512)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
-    K = 256
-    tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 32, dtype)
-    for rows in (8, 16):
+    for rows, K in ((8, 256), (16, 256), (32, 512)):
+        tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 32, dtype)
         cands = _C._dev.linear_candidates(eye[:rows], tqw, tqz, tsc)
-        assert cands[0]["kernel"] == "gemv"
+        if rows <= 16:
+            assert cands[0]["kernel"] == "gemv"
+        else:
+            assert "gemv" in [c["kernel"] for c in cands]
         for cfg in (c for c in cands if c["kernel"] == "gemv"):
             for r0 in range(0, K, rows):
                 got = _config_rows(torch, eye[r0:r0 + rows].contiguous(), tqw, tqz, tsc, cfg)
@@ -363,19 +367,25 @@ def test_cuda_tuned_layer_then_a_misaligned_view(rng):
 
 @cuda
 def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
-    """M <= 16 on a layer it can run goes to the decode kernel; what it cannot
-    run (M = 17, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
+    """M <= 16 on a layer it can run goes to the decode kernel; M = 17..32 to
+    the MMA kernel, with the decode kernel among the tuner's candidates; what it
+    cannot run (M = 33, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
 
-    def first(M, K, N, G, dtype="float16"):
+    def kernels(M, K, N, G, dtype="float16"):
         tx, tqw, tqz, tsc, _ = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                    dtype)
-        return _C._dev.linear_candidates(tx, tqw, tqz, tsc)[0]["kernel"]
+        return [c["kernel"] for c in _C._dev.linear_candidates(tx, tqw, tqz, tsc)]
+
+    def first(*args):
+        return kernels(*args)[0]
 
     assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8, 9, 16)] == ["gemv"] * 6
     assert first(17, 512, 256, 128) == "mma"
+    assert "gemv" in kernels(17, 512, 256, 128) and "gemv" in kernels(32, 512, 256, 128)
+    assert "gemv" not in kernels(33, 512, 256, 128)
     assert first(1, 512, 200, 128) == "mma"       # N = 200: an odd number of words
     assert first(1, 512, 272, 128) == "mma"       # N = 272: words not in fours
     assert first(1, 200, 256, 200) == "mma"       # K = G = 200: no whole k16 steps
@@ -388,12 +398,14 @@ def test_cuda_every_candidate_within_tolerance(rng, dtype):
     """Each configuration the tuner may pick, not only the default.  The
     decode-kernel (gemv) shapes: strip tails (N = 1056 is 8 strips and 4
     words, N = 288 2 strips and 4, N = 96 less than one strip), G = K, G = 16
-    (a new group every step), M = 1..16 (one and two n8 tiles of x)."""
+    (a new group every step), M = 1..32 (one, two and four n8 tiles of x; rows
+    past M in the last tile)."""
     torch = pytest.importorskip("torch")
     for M, (K, N, G) in [(1, (1536, 1536, 128)), (5, (512, 200, 128)), (17, (200, 72, 200)),
                          (64, (1024, 520, 64)), (130, (256, 136, 32)), (8, (640, 288, 64)),
                          (3, (256, 96, 256)), (2, (96, 32, 16)), (7, (1024, 1056, 128)),
-                         (4, (4096, 1024, 128)), (12, (512, 288, 64)), (16, (256, 96, 256))]:
+                         (4, (4096, 1024, 128)), (12, (512, 288, 64)), (16, (256, 96, 256)),
+                         (20, (512, 288, 64)), (32, (256, 1056, 32))]:
         tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                     dtype)
         cands = _C._dev.linear_candidates(tx, tqw, tqz, tsc)

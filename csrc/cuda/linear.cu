@@ -1056,7 +1056,7 @@ bool gemv_warps_ok(int w) { return w == 1 || w == 2 || w == 4 || w == gv::kMaxWa
 bool gemv_split_ok(int s) { return s == 1 || s == 2 || s == 4 || s == gv::kMaxSplit; }
 bool gemv_ring_ok(int r) { return r == gv::kMinRing || r == gv::kMaxRing; }
 
-/* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 16,
+/* What the decode kernel needs from the problem: f16/bf16, 1 <= M <= 32,
  * whole k16 steps inside whole groups (K % 16 == 0, G % 16 == 0), word
  * columns in fours (N % 32 == 0: 16-byte copies of qweight rows, 8-byte loads
  * of qzeros), qweight, x, scales, bias and y 16-byte aligned.  The rest runs
@@ -1111,8 +1111,12 @@ cudaError_t gemv_launch_tiles(const awq_linear_problem *p, const awq_config *c, 
 template <class T>
 cudaError_t gemv_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    static_assert(gv::kMaxTiles == 2, "one or two n8 tiles of x");
-    return gv::tiles_of(p->M) == 1 ? gemv_launch_tiles<T, 1>(p, c, d, stream) : gemv_launch_tiles<T, 2>(p, c, d, stream);
+    static_assert(gv::kMaxTiles == 4, "one, two or four n8 tiles of x");
+    switch (gv::tiles_of(p->M)) {
+    case 1: return gemv_launch_tiles<T, 1>(p, c, d, stream);
+    case 2: return gemv_launch_tiles<T, 2>(p, c, d, stream);
+    default: return gemv_launch_tiles<T, 4>(p, c, d, stream);
+    }
 }
 
 cudaError_t gemv_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
@@ -1153,11 +1157,15 @@ bool config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d
     }
 }
 
-/* The fastest fused kernel that can run the problem, with its defaults. */
+/* The fastest fused kernel that can run the problem, with its defaults: the
+ * decode kernel up to 16 rows; from 17 it is a tuning candidate only (four
+ * tiles of x win on the large layers, the MMA kernel on the small ones). */
+constexpr int64_t kGemvDefaultMaxM = 16;
+
 awq_config default_config(const awq_linear_problem *p, const Device &d)
 {
     const awq_config g = gemv_default(p, d);
-    if (gemv_config_ok(p, &g, d)) return g;
+    if (p->M <= kGemvDefaultMaxM && gemv_config_ok(p, &g, d)) return g;
     awq_config m = mma_default(p, d);
     if (mma_config_ok(p, &m, d)) return m;
     return simt_default(p, d);

@@ -1,6 +1,6 @@
 /*
  * cuda/linear_gemv.cuh -- the decode kernel of the fused linear
- * (AWQ_KERNEL_GEMV): y = x @ W + bias for 1 <= M <= 16 rows of x, W never
+ * (AWQ_KERNEL_GEMV): y = x @ W + bias for 1 <= M <= 32 rows of x, W never
  * written to memory.  Tensor cores (mma.sync m16n8k16, f16/bf16, sm_80+);
  * included by cuda/linear.cu only.  Design notes: docs/KERNELS.md, "The
  * decode kernel (gemv)".
@@ -8,8 +8,9 @@
  * The roles of the operands are the transpose of the MMA kernel's: the
  * dequantized weights are the A operand (16 output columns x 16 k) and x is
  * B (16 k x 8 rows of x, the rows past M zero), so M <= 8 wastes no
- * tensor-core work on an m16 tile of x.  M = 9..16 takes two such n8 tiles:
- * each dequantized A fragment feeds two mma (template parameter NT).
+ * tensor-core work on an m16 tile of x.  M = 9..16 takes two such n8 tiles
+ * and M = 17..32 four: each dequantized A fragment feeds NT mma (template
+ * parameter NT).
  *
  * ---- the mapping -------------------------------------------------------------
  * Lane t has groupID g = t / 4 and threadID_in_group i = t % 4 (PTX ISA).  A
@@ -70,7 +71,7 @@ namespace awq_cu {
 namespace gemv {
 
 constexpr int kTileM = 8;        /* rows of x an mma takes: the n8 side of mma.m16n8k16 */
-constexpr int kMaxTiles = 2;     /* n8 tiles of x a kernel takes (the template's NT) */
+constexpr int kMaxTiles = 4;     /* n8 tiles of x a kernel takes (the template's NT: 1, 2 or 4) */
 constexpr int kMaxM = kTileM * kMaxTiles;
 constexpr int kStepK = 16;       /* k of one mma */
 constexpr int kGroups = 8;       /* lane groups of a warp, side by side along the strip */
@@ -98,7 +99,7 @@ __host__ __device__ constexpr int warp_smem(int ring, int nt)
 __host__ __device__ constexpr int smem_bytes(int warps, int ring, int nt) { return warps * warp_smem(ring, nt); }
 
 /* The n8 tiles of x a problem of M rows needs. */
-__host__ __device__ constexpr int tiles_of(int64_t M) { return M > kTileM ? 2 : 1; }
+__host__ __device__ constexpr int tiles_of(int64_t M) { return M > 2 * kTileM ? 4 : M > kTileM ? 2 : 1; }
 
 /* Output column, inside its word, of nibble p (the inverse of AWQ_NIBBLE). */
 using gemv_map::nibble_col;
@@ -227,23 +228,29 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* A lane's share of the copies of one step (gemv_map): 16 bytes of two
- * rows of the strip and, for lanes 0..16 NT - 1, 16 bytes of x.  The lanes'
+ * rows of the strip and, for lanes below x_copy_lanes(NT), 16 bytes of x
+ * (two pieces, 16 rows apart, for NT = 4).  The lanes'
  * fragments come from all of them: a warp barrier separates the copies from
  * the reads. */
 struct Copier {
     const uint32_t *qp; /* &qweight[k0 + r0][chunk] */
     const char *xp;     /* &x[m][k0 + 8 h] */
+    int64_t x_next;     /* bytes from xp to the second piece's row m + 16 (NT = 4), 0 past M */
     uint32_t q_dst;     /* offset of the lane's qweight chunk in a stage */
     uint32_t x_dst;     /* offset of its x chunk */
-    bool x_copy, x_ok;  /* lanes 0..16 NT - 1 copy x; rows past M are zeros */
+    bool x_copy, x_ok;  /* lanes below x_copy_lanes(NT) copy x; rows past M are zeros */
+    bool x_ok2;         /* the second piece's row is below M (NT = 4) */
 };
 
 /* Why: one step's copies into the stage at shared address `stage`; the copier moves on. */
-__device__ __forceinline__ void ring_issue(uint32_t stage, Copier &c, int64_t W)
+template <int NT> __device__ __forceinline__ void ring_issue(uint32_t stage, Copier &c, int64_t W)
 {
     cp_16(stage + c.q_dst, c.qp);
     cp_16(stage + c.q_dst + gm::kRowsBytes / 2, c.qp + 8 * W);
-    if (c.x_copy) cp_16_or_zero(stage + c.x_dst, c.xp, c.x_ok);
+    if (gm::x_copy_lanes(NT) == 32 || c.x_copy) cp_16_or_zero(stage + c.x_dst, c.xp, c.x_ok);
+    static_assert(gm::x_pieces(NT) <= 2, "at most two pieces of x a lane");
+    if constexpr (gm::x_pieces(NT) == 2)
+        cp_16_or_zero(stage + c.x_dst + gm::kXPieceRows * 32, c.xp + c.x_next, c.x_ok2);
     c.qp += kStepK * W;
     c.xp += kStepK * sizeof(uint16_t);
 }
@@ -297,9 +304,12 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
     cp.q_dst = (uint32_t)gm::row_byte(r0, 16 * chunk);
     constexpr int kStage = stage_bytes(NT);
     const int xm = gm::x_copy_row(lane) & (NT * kTileM - 1), xh = gm::x_copy_half(lane);
-    cp.x_copy = lane < 2 * NT * kTileM;
+    cp.x_copy = lane < gm::x_copy_lanes(NT);
     cp.x_ok = xm < a.M;
     cp.xp = a.x + ((int64_t)(cp.x_ok ? xm : 0) * a.K + k0 + 8 * xh) * (int64_t)sizeof(uint16_t);
+    /* row xm + 16 below M puts row xm below M too: its piece is 16 rows further, else a zero fill at xp */
+    cp.x_ok2 = xm + gm::kXPieceRows < a.M;
+    cp.x_next = cp.x_ok2 ? gm::kXPieceRows * a.K * (int64_t)sizeof(uint16_t) : 0;
     cp.x_dst = (uint32_t)gm::x_byte(xm, 16 * xh);
     Reader rd;
     rd.r0 = (uint32_t)gm::row_byte(gm::frag_row(i, 0), 8 * g);
@@ -310,7 +320,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
     /* Ring - 1 steps in flight; a commit per step, empty past the slice, keeps the count */
 #pragma unroll
     for (int d = 0; d < Ring - 1; ++d) {
-        if (s_begin + d < s_end) ring_issue(base + d * kStage, cp, a.W);
+        if (s_begin + d < s_end) ring_issue<NT>(base + d * kStage, cp, a.W);
         cp_commit();
     }
 
@@ -323,7 +333,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
         Step<NT> st;
         ring_read(st, ring + j * kStage, rd);
         /* step s + Ring - 1 into the stage step s - 1 used */
-        if (refill) ring_issue(base + ((j + Ring - 1) % Ring) * kStage, cp, a.W);
+        if (refill) ring_issue<NT>(base + ((j + Ring - 1) % Ring) * kStage, cp, a.W);
         cp_commit();
         if (s == next_start) { /* a new group: decode the loaded one, fetch the one after */
             decode_group<T>(gs, next);
@@ -383,8 +393,8 @@ __device__ __forceinline__ void add8(const float *p, float (&v)[8])
 
 /* Block: blockDim.x = 32 x warps, warp w = slice rank * warps + w of the
  * strip's K; grid.x = strips x split, the split blocks of a strip one cluster.
- * NT n8 tiles of x (M <= 8 NT): two tiles double the accumulators, so only
- * one block of 8 warps fits a SM. */
+ * NT n8 tiles of x (M <= 8 NT): two or four tiles double or quadruple the
+ * accumulators, so only one block of 8 warps fits a SM. */
 template <class T, int Ring, int NT>
 __global__ void __launch_bounds__(kMaxThreads, NT == 1 ? 2 : 1) kernel(const Args a)
 {

@@ -181,7 +181,8 @@ AWQ_HD int64_t slice_begin(int64_t n, int64_t parts, int64_t s) { return s * n /
  *   halves of the 128 bytes of banks.
  * - x: row m at kRowsBytes + 32 m, element k at 2 k.
  * - copies: lane l copies chunk l % 4 (16 bytes) of rows l / 4 and l / 4 + 8;
- *   lanes l < 16 NT copy k half l % 2 of x row l / 2.
+ *   lanes l < 16 NT (all 32 for NT = 4) copy k half l % 2 of x row l / 2 and,
+ *   for NT = 4, of row l / 2 + 16.
  *
  * Banks (32 of 4 bytes; an 8-byte load served by half-warps, a 16-byte access
  * by quarter-warps): this layout leaves two-way conflicts in the half-warps of
@@ -209,7 +210,11 @@ AWQ_HD int x_byte(int m, int b) { return kRowsBytes + 32 * m + b; }
 /* A lane's copies: rows copy_row(l) and copy_row(l) + 8, bytes 16 copy_chunk(l) .. + 15. */
 AWQ_HD int copy_row(int lane) { return lane >> 2; }
 AWQ_HD int copy_chunk(int lane) { return lane & 3; }
-/* Lanes below 16 NT copy x: bytes 16 x_copy_half(l) .. + 15 of row x_copy_row(l). */
+/* Lanes below x_copy_lanes(nt) copy x: bytes 16 x_copy_half(l) .. + 15 of row
+ * x_copy_row(l) and, for x_pieces(nt) = 2 (NT = 4), of row x_copy_row(l) + kXPieceRows. */
+constexpr int kXPieceRows = 16;
+AWQ_HD constexpr int x_copy_lanes(int nt) { return nt > 2 ? 32 : 16 * nt; }
+AWQ_HD constexpr int x_pieces(int nt) { return nt > 2 ? nt / 2 : 1; }
 AWQ_HD int x_copy_row(int lane) { return lane >> 1; }
 AWQ_HD int x_copy_half(int lane) { return lane & 1; }
 

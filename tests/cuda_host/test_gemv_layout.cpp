@@ -2,9 +2,9 @@
  * The decode kernel (csrc/cuda/linear_gemv.cuh), checked on the host with its
  * own layout functions (gemv_map in csrc/cuda/linear_layout.cuh).
  *
- * 1. Its shared-memory stage, for one and two n8 tiles of x:
+ * 1. Its shared-memory stage, for one, two and four n8 tiles of x:
  *
- *  - the lanes' 16-byte copies (two strip rows each, x for lanes < 16 NT) write
+ *  - the lanes' 16-byte copies (two strip rows each, x for lanes < x_copy_lanes(NT), two pieces a lane for NT = 4) write
  *    every byte of the stage exactly once, each byte where the layout puts it;
  *  - every lane's fragment loads (four 8-byte pieces of qweight rows, two
  *    4-byte B registers per tile of x) read exactly the bytes of its fragment
@@ -91,7 +91,7 @@ Result check(int nt)
     std::vector<Tag> st(stage);
     const std::vector<bool> all(32, true);
     std::vector<bool> x_lanes(32);
-    for (int l = 0; l < 32; ++l) x_lanes[l] = l < 2 * kTileM * nt;
+    for (int l = 0; l < 32; ++l) x_lanes[l] = l < x_copy_lanes(nt);
 
     auto put = [&](int off, int kind, int row, int byte) {
         if (off < 0 || off >= stage) {
@@ -102,7 +102,7 @@ Result check(int nt)
         st[off] = Tag{kind, row, byte};
     };
     /* the copies: the kernel writes 16 bytes from the chunk's first offset */
-    std::vector<int> q_dst(32), x_dst(32);
+    std::vector<int> q_dst(32), x_dst(32), x_dst2(32);
     for (int l = 0; l < 32; ++l) {
         const int r0 = copy_row(l), c = copy_chunk(l);
         q_dst[l] = q_at(r0, 16 * c);
@@ -115,9 +115,13 @@ Result check(int nt)
         if (!x_lanes[l]) continue;
         const int m = x_copy_row(l) & (nt * kTileM - 1), h = x_copy_half(l);
         x_dst[l] = x_at(m, 16 * h);
-        for (int b = 0; b < 16; ++b) {
-            if (x_dst[l] + b != x_at(m, 16 * h + b)) ++res.misplaced;
-            put(x_dst[l] + b, 2, m, 16 * h + b);
+        x_dst2[l] = x_dst[l] + kXPieceRows * 32; /* the kernel's second piece, NT = 4 */
+        for (int piece = 0; piece < x_pieces(nt); ++piece) {
+            const int dst = piece ? x_dst2[l] : x_dst[l], row = m + kXPieceRows * piece;
+            for (int b = 0; b < 16; ++b) {
+                if (dst + b != x_at(row, 16 * h + b)) ++res.misplaced;
+                put(dst + b, 2, row, 16 * h + b);
+            }
         }
     }
     for (const Tag &t : st) res.unwritten += t.kind == 0;
@@ -126,9 +130,10 @@ Result check(int nt)
     for (int l = 0; l < 32; ++l) q_dst8[l] = q_dst[l] + kRowsBytes / 2;
     res.bank_conflicts += conflicts(q_dst8, 16, all);
     res.bank_conflicts += conflicts(x_dst, 16, x_lanes);
+    if (x_pieces(nt) == 2) res.bank_conflicts += conflicts(x_dst2, 16, x_lanes);
 
     /* the reads, at the offsets the kernel computes */
-    std::vector<int> rd[4], rx[2 * 2];
+    std::vector<int> rd[4], rx[2 * 4];
     for (auto &v : rd) v.resize(32);
     for (auto &v : rx) v.resize(32);
     for (int l = 0; l < 32; ++l) {
@@ -206,14 +211,14 @@ uint32_t pair_bits(isa::Dtype dt, double lo, double hi)
  * double; touched counts the slices that wrote each output. */
 void emulate(const Problem &p, int warps, int split, std::vector<double> &y, std::vector<int> &touched)
 {
-    const int nt = p.M > kTileM ? 2 : 1, nsteps = p.K / kStepK, spg = p.G / kStepK;
+    const int nt = p.M > 2 * kTileM ? 4 : p.M > kTileM ? 2 : 1, nsteps = p.K / kStepK, spg = p.G / kStepK;
     const int strips = (p.W + 15) / 16, nslices = warps * split;
     for (int strip = 0; strip < strips; ++strip) {
         const int w0 = 16 * strip;
         for (int slice = 0; slice < nslices; ++slice) {
             const int s_begin = (int)mm::slice_begin(nsteps, nslices, slice);
             const int s_end = (int)mm::slice_begin(nsteps, nslices, slice + 1);
-            static double acc[32][2][2][4][4]; /* lane, tile, word, byte, accumulator */
+            static double acc[32][4][2][4][4]; /* lane, tile, word, byte, accumulator */
             std::memset(acc, 0, sizeof acc);
             for (int s = s_begin; s < s_end; ++s) {
                 const int k0 = kStepK * s, grp = s / spg;
@@ -300,7 +305,7 @@ int main(int argc, char **argv)
 {
     g_flat = argc > 1 && std::strcmp(argv[1], "--flat") == 0;
     bool ok = true;
-    for (int nt = 1; nt <= 2; ++nt) {
+    for (int nt = 1; nt <= 4; nt *= 2) {
         const Result r = check(nt);
         std::printf("NT=%d layout=%s: misplaced %d, written twice %d, unwritten %d, misread %d, bank conflicts %d\n", nt,
                     g_flat ? "flat" : "gemv_map", r.misplaced, r.twice, r.unwritten, r.misread, r.bank_conflicts);
@@ -308,7 +313,7 @@ int main(int argc, char **argv)
     }
     if (!g_flat) {
         std::mt19937 rng(7);
-        /* M, K, N, G, dtype, warps, cluster blocks: one and two tiles, M tails,
+        /* M, K, N, G, dtype, warps, cluster blocks: one, two and four tiles, M tails,
          * strip tails (N = 288: 2 strips and 4 words; 96: less than one strip),
          * G = 16 (a group every step), G = K, more slices than steps */
         struct {
@@ -318,7 +323,8 @@ int main(int argc, char **argv)
         } cases[] = {{1, 64, 256, 32, isa::F16, 1, 1},   {3, 96, 288, 16, isa::BF16, 2, 2},
                      {8, 128, 96, 128, isa::F16, 4, 1},  {9, 64, 256, 64, isa::F16, 2, 1},
                      {16, 128, 288, 32, isa::BF16, 8, 2}, {12, 96, 544, 48, isa::F16, 4, 4},
-                     {5, 32, 128, 16, isa::BF16, 8, 1}};
+                     {5, 32, 128, 16, isa::BF16, 8, 1},   {32, 64, 256, 32, isa::F16, 2, 2},
+                     {17, 96, 288, 48, isa::BF16, 4, 1},  {27, 128, 544, 16, isa::F16, 8, 2}};
         for (const auto &c : cases) ok = emulation_case(rng, c.M, c.K, c.N, c.G, c.dt, c.warps, c.split) && ok;
     }
     std::printf("%s\n", ok ? "OK" : "FAILED");
