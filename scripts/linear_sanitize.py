@@ -92,7 +92,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tune", action="store_true", help="tune in a fresh cache folder: every candidate runs")
     ap.add_argument("--quick", action="store_true",
-                    help="M in {1, 12, 17, 32}, float16 and float32, three shapes (for the slower checkers)")
+                    help="M in {1, 12, 17, 32}, float16 and float32, four shapes (for the slower checkers)")
     args = ap.parse_args()
     _configure(args.tune)
 
@@ -111,10 +111,11 @@ def main() -> int:
         (202, 40, 202),   # K % 4 == 2: half of the last x quad past K
         (96, 8, 32),      # N = 8: one word column
         (384, 520, 384),  # one group, a multiple of 16
+        (512, 288, 64),   # K = 512: 8 K slices of 4 steps, so the decode kernel is a candidate at M = 17..32
     ]
     ms, dtypes = (1, 5, 12, 17, 32, 64), ("float16", "bfloat16", "float32")
     if args.quick:
-        ms, dtypes, shapes = (1, 12, 17, 32), ("float16", "float32"), shapes[:3]
+        ms, dtypes, shapes = (1, 12, 17, 32), ("float16", "float32"), shapes[:3] + shapes[-1:]
     n = 0
     for M in ms:
         for K, N, G in shapes:
