@@ -229,9 +229,8 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
 
 /* A lane's share of the copies of one step (gemv_map): 16 bytes of two
  * rows of the strip and, for lanes below x_copy_lanes(NT), 16 bytes of x
- * (two pieces, 16 rows apart, for NT = 4).  The lanes'
- * fragments come from all of them: a warp barrier separates the copies from
- * the reads. */
+ * (two pieces, 16 rows apart, for NT = 4).  The lanes' fragments come from
+ * all of them: a warp barrier separates the copies from the reads. */
 struct Copier {
     const uint32_t *qp; /* &qweight[k0 + r0][chunk] */
     const char *xp;     /* &x[m][k0 + 8 h] */
@@ -250,7 +249,7 @@ template <int NT> __device__ __forceinline__ void ring_issue(uint32_t stage, Cop
     if (gm::x_copy_lanes(NT) == 32 || c.x_copy) cp_16_or_zero(stage + c.x_dst, c.xp, c.x_ok);
     static_assert(gm::x_pieces(NT) <= 2, "at most two pieces of x a lane");
     if constexpr (gm::x_pieces(NT) == 2)
-        cp_16_or_zero(stage + c.x_dst + gm::kXPieceRows * 32, c.xp + c.x_next, c.x_ok2);
+        cp_16_or_zero(stage + c.x_dst + gm::kXPieceRows * gm::kXRowBytes, c.xp + c.x_next, c.x_ok2);
     c.qp += kStepK * W;
     c.xp += kStepK * sizeof(uint16_t);
 }

@@ -194,8 +194,9 @@ constexpr int kStepK = 16;
 constexpr int kTileM = 8;                     /* rows of x of one n8 tile */
 constexpr int kRowBytes = 64;                 /* a strip row: 16 words */
 constexpr int kRowsBytes = kStepK * kRowBytes; /* 1024 */
+constexpr int kXRowBytes = kStepK * 2;        /* 16 k of a row of x */
 constexpr int kXHalfBytes = 16;               /* from k 0..7 to k 8..15 of a row of x */
-constexpr int kXTileBytes = kTileM * 32;      /* an n8 tile of x */
+constexpr int kXTileBytes = kTileM * kXRowBytes; /* an n8 tile of x */
 
 AWQ_HD int row_slot(int r) { return r ^ ((r >> 1) & 1); }
 
@@ -205,7 +206,7 @@ AWQ_HD int row_byte(int r, int b) { return row_slot(r) * kRowBytes + b; }
 
 /* Offset in a stage of byte b (0..31: element b / 2) of row m of x; the
  * second k half is kXHalfBytes further, tile t + 1 kXTileBytes. */
-AWQ_HD int x_byte(int m, int b) { return kRowsBytes + 32 * m + b; }
+AWQ_HD int x_byte(int m, int b) { return kRowsBytes + kXRowBytes * m + b; }
 
 /* A lane's copies: rows copy_row(l) and copy_row(l) + 8, bytes 16 copy_chunk(l) .. + 15. */
 AWQ_HD int copy_row(int lane) { return lane >> 2; }

@@ -115,7 +115,7 @@ Result check(int nt)
         if (!x_lanes[l]) continue;
         const int m = x_copy_row(l) & (nt * kTileM - 1), h = x_copy_half(l);
         x_dst[l] = x_at(m, 16 * h);
-        x_dst2[l] = x_dst[l] + kXPieceRows * 32; /* the kernel's second piece, NT = 4 */
+        x_dst2[l] = x_dst[l] + kXPieceRows * kXRowBytes; /* the kernel's second piece, NT = 4 */
         for (int piece = 0; piece < x_pieces(nt); ++piece) {
             const int dst = piece ? x_dst2[l] : x_dst[l], row = m + kXPieceRows * piece;
             for (int b = 0; b < 16; ++b) {
