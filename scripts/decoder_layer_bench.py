@@ -18,7 +18,8 @@ Every replay is timed alone between CUDA events after an L2 flush; dense and
 AWQ alternate in a random order each trial; medians are reported, and the
 AWQ layer's output is checked against the dense layer of its own dequantized
 weights. --device cpu --tiny runs the same steps on a small layer on the CPU
-(no CUDA graphs, no host-overhead figure), to check that the script runs.
+(no CUDA graphs, no host-overhead figure; the benchmark's CPU timer, a 64 MiB
+memset before each step), to check that the script runs.
 
     python scripts/decoder_layer_bench.py [--trials 15] [--repeats 10] [--prefill 512]
 """
@@ -33,7 +34,7 @@ import torch
 import transformers
 
 import awq_fast_dequant as awq
-from awq_fast_dequant.bench import CudaTimer
+from awq_fast_dequant.bench import CpuTimer, CudaTimer
 from awq_fast_dequant.torch import AWQLinear, quantize_model
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -42,6 +43,7 @@ TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64)
 HOST_CALLS = 200        # per sample: well under the launch queue's depth (about a thousand)
 HOST_SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: ~100 ms, far longer than the calls
+CPU_FLUSH_BYTES = 64 << 20      # memset before each CPU step, as the benchmark's CPU timer does
 
 
 def parse_args():
@@ -125,16 +127,6 @@ class Step:
         return self.out
 
 
-class CpuTimer:
-    def run(self, fn, runs):
-        samples = []
-        for _ in range(runs):
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1000.0)
-        return samples, None
-
-
 def time_pair(timer, steps, trials, repeats, seed):
     """name -> every timed run (us); the steps in a fresh random order each trial."""
     rng = random.Random(seed)
@@ -212,7 +204,7 @@ def main():
             device).L2_cache_size))
         where = torch.cuda.get_device_name(device)
     else:
-        timer, where = CpuTimer(), "CPU"
+        timer, where = CpuTimer(CPU_FLUSH_BYTES), "CPU"
     print(f"LlamaDecoderLayer {dims}, G={args.group}, {str(dtype)[6:]}, {where}")
 
     ratios = {}

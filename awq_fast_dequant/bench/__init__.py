@@ -36,7 +36,8 @@ Public names, for scripts and tests:
   linear_bytes: the bytes of the linear floor model (M rows of x).
 - make_inputs, Case, cuda_case: the benchmark's data, on a device.
 - CudaTimer, cuda_copy_bandwidth: cold-L2 timing between CUDA events, and the
-  copy bandwidth measured the same way.
+  copy bandwidth measured the same way; CpuTimer: the host clock after a
+  memset of a large buffer.
 - text_table: the plain-text table of every report.
 - launch_config, empty_launch, launch_path: the C core's development entry
   points (an explicit v4 configuration with rows per thread; the empty launch
@@ -51,7 +52,7 @@ from .linear_model import linear_bytes
 from .report import table as text_table
 from .run import main
 from .shapes import PRESETS, Shape, bytes_moved
-from .timing import CudaTimer, cuda_copy_bandwidth
+from .timing import CpuTimer, CudaTimer, cuda_copy_bandwidth
 
 __all__ = [
     "main",
@@ -67,6 +68,7 @@ __all__ = [
     "Case",
     "cuda_case",
     "CudaTimer",
+    "CpuTimer",
     "cuda_copy_bandwidth",
     "text_table",
     "launch_config",
