@@ -59,7 +59,8 @@ def main() -> int:
     import torch
 
     import awq_fast_dequant as awq
-    from awq_fast_dequant.bench import PRESETS, CudaTimer, cuda_copy_bandwidth, linear_bytes, make_inputs
+    from awq_fast_dequant.bench import (PRESETS, CudaTimer, cuda_copy_bandwidth, linear_bytes,
+                                        make_inputs, tolerance_check)
 
     if not awq.cuda_available():
         print("read_floor.py: needs a CUDA device and a CUDA build", file=sys.stderr)
@@ -109,10 +110,7 @@ def main() -> int:
             model = floor_us + linear_bytes(1, K, N, G, "float16") / gbps / 1e3
             t_read = median(read)
             t_fused = median(lambda: awq.linear(x, qw, qz, sc, out=y, path="fused"))
-            w64 = awq.dequantize(qw, qz, sc).double().cpu()
-            want = x.double().cpu() @ w64
-            bound = 2.0**-9 * (x.double().abs().cpu() @ w64.abs())
-            ok = bool(((y.double().cpu() - want).abs() <= bound + 2.0**-10 * want.abs() + 2.0**-24).all())
+            ok = tolerance_check(torch, x, awq.dequantize(qw, qz, sc))(y)[0] == 0
             print(f"{K}x{N:<9} {model:>9.2f} us {t_read:>9.2f} us {t_fused:>5.2f} us "
                   f"{t_read / model:>10.2f} {t_fused / t_read:>10.2f}{'' if ok else '  OUTSIDE TOLERANCE'}")
             if not ok:

@@ -807,3 +807,17 @@ def test_smart_pick_reads_dequantize_entries_only(monkeypatch):
     pick = measure.smart_pick(ctx, Shape("custom", 256, 512, 128))
     assert pick is not None and pick["op"] == "dequantize" and pick["kernel"] == "cpu"
 
+
+def test_tolerance_check_of_a_whole_linear_result():
+    torch = pytest.importorskip("torch")
+    from awq_fast_dequant.bench import tolerance_check
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=gen)
+    W = torch.randn(64, 16, generator=gen)
+    check = tolerance_check(torch, x, W)
+    y = (x.double() @ W.double()).to(torch.float16)
+    assert check(y) == (0, None)
+    y[1, 5] += 1.0
+    outside, note = check(y)
+    assert outside == 1 and "y[1, 5]" in note

@@ -33,7 +33,8 @@ Public names, for scripts and tests:
   the same for the rows of --linear, fn(linear case) returning y; there the
   injected one exchanges two output columns.
 - PRESETS, Shape, bytes_moved: the layer shapes and their roofline bytes;
-  linear_bytes: the bytes of the linear floor model (M rows of x).
+  linear_bytes: the bytes of the linear floor model (M rows of x);
+  tolerance_check: the tolerance check of a linear result (DESIGN.md section 7).
 - make_inputs, Case, cuda_case: the benchmark's data, on a device.
 - CudaTimer, cuda_copy_bandwidth: cold-L2 timing between CUDA events, and the
   copy bandwidth measured the same way; CpuTimer: the host clock after a
@@ -48,6 +49,7 @@ from ._dev import empty_launch, launch_config, launch_path
 from .cases import Case, cuda_case, make_inputs
 from .impls import (register_impl, register_linear_impl, unregister_impl,
                     unregister_linear_impl)
+from .linear_check import tolerance_check
 from .linear_model import linear_bytes
 from .report import table as text_table
 from .run import main
@@ -64,6 +66,7 @@ __all__ = [
     "Shape",
     "bytes_moved",
     "linear_bytes",
+    "tolerance_check",
     "make_inputs",
     "Case",
     "cuda_case",

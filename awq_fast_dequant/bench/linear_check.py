@@ -95,6 +95,15 @@ def torch_reference(torch, x_rows, W) -> tuple[np.ndarray, np.ndarray]:
     return y64.cpu().numpy(), TOLERANCE_SCALE * bound.cpu().numpy()
 
 
+def tolerance_check(torch, x, W) -> "ToleranceCheck":
+    """The check of a whole result y [M, N] of x [M, K] @ W [K, N] (torch
+    tensors on one device; W the dequantized weight), for scripts: called on y,
+    it returns (elements outside the tolerance, note)."""
+    y64, bound = torch_reference(torch, x, W)
+    M, N = x.shape[0], W.shape[1]
+    return ToleranceCheck(y64, bound, np.arange(M), M, N)
+
+
 class ToleranceCheck:
     """Holds y64 and the bound for `rows` of an [M, N] result; called on a
     result, it counts the checked elements outside the tolerance."""

@@ -5,7 +5,7 @@
  * CUDA-core kernel (AWQ_KERNEL_SIMT, every dtype, any G, any architecture),
  * their launchers, default configurations and the autotuner's candidates.
  *
- * The decode kernel (AWQ_KERNEL_GEMV, M <= 16) lives in cuda/linear_gemv.cuh.
+ * The decode kernel (AWQ_KERNEL_GEMV, M <= 32) lives in cuda/linear_gemv.cuh.
  *
  * Contract (DESIGN.md section 7): W's values are bit-equal to the dequantize
  * kernels' (round_to_dtype(float32(q - z) * float32(s))); products and sums in
@@ -17,7 +17,8 @@
  *
  * What awq_config means here:
  *   GEMV: block_size = 32 * S, S warps on one 128-column strip, each a
- *         contiguous slice of the strip's K (S in 1, 2, 4, 8); rows = 1;
+ *         contiguous slice of the strip's K (S in 1, 2, 4, 8); rows = ring
+ *         stages of a warp's copies (4 or 8);
  *         split = blocks of a cluster (1, 2, 4, 8; > 1 needs sm_90), each a
  *         contiguous slice of K, summed through distributed shared memory.
  *   MMA:  block_size = 32 * S, S warps on one 64-column block, each a contiguous

@@ -62,7 +62,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cuda/layout.cuh"
 #include "cuda/linear_ops.cuh"

@@ -190,7 +190,7 @@ AWQ_HD int64_t slice_begin(int64_t n, int64_t parts, int64_t s) { return s * n /
  * tests/cuda_host/test_gemv_layout.cpp counts. */
 namespace gemv_map {
 
-constexpr int kStepK = 16;
+using mma_map::kStepK;
 constexpr int kTileM = 8;                     /* rows of x of one n8 tile */
 constexpr int kRowBytes = 64;                 /* a strip row: 16 words */
 constexpr int kRowsBytes = kStepK * kRowBytes; /* 1024 */
