@@ -143,6 +143,16 @@ __device__ __forceinline__ void load_group(RawGroup &r, const uint32_t *zp, cons
     for (int v = 0; v < kLaneWords; ++v) r.s[v] = __ldg(reinterpret_cast<const uint4 *>(sp) + v);
 }
 
+/* Why: the zero operand of nibble p of a zero word, as dequant_pairs takes
+ * it: base + z in both halves, or for an odd nibble of f16 -(64 + z). */
+template <class T> __device__ __forceinline__ uint32_t zero_operand(uint32_t zword, int p)
+{
+    const uint32_t zp = mma_map::zero_pair(zword, p) | PairMagic<T>::kValue;
+    if constexpr (std::is_same<T, F16T>::value)
+        if (p & 1) return half2_bits(__hsub2_rn(as_half2(kF16Base960), as_half2(zp)));
+    return zp;
+}
+
 template <class T> __device__ __forceinline__ void decode_group(Group &gs, const RawGroup &r)
 {
     const uint32_t zw[kLaneWords] = {r.z.x, r.z.y};
@@ -151,23 +161,20 @@ template <class T> __device__ __forceinline__ void decode_group(Group &gs, const
         const uint32_t sw[4] = {r.s[v].x, r.s[v].y, r.s[v].z, r.s[v].w};
 #pragma unroll
         for (int p = 0; p < 8; ++p) {
-            uint32_t zp = mma_map::zero_pair(zw[v], p) | PairMagic<T>::kValue;
-            if constexpr (std::is_same<T, F16T>::value)
-                if (p & 1) zp = half2_bits(__hsub2_rn(as_half2(kF16Base960), as_half2(zp)));
             const int c = nibble_col(p);
-            gs.z[v][p] = zp;
+            gs.z[v][p] = zero_operand<T>(zw[v], p);
             gs.s[v][p] = mma_map::scale_pair(sw[c >> 1], c);
         }
     }
 }
 
-/* Why: the two A registers of one row pair (words lo, hi of rows k, k+1) for byte B:
- * the exact W of nibble 2B (even) and 2B + 1 (odd) of both rows. */
-template <class T, int B>
-__device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t ze, uint32_t zo, uint32_t se,
-                                             uint32_t so, uint32_t &even, uint32_t &odd)
+/* Why: the two A registers of one row pair from r, its words' byte b
+ * permuted into bytes 0 (row k) and 2 (row k + 1): the exact W of nibble
+ * 2b (even) and 2b + 1 (odd) of both rows; zero operands from zero_operand. */
+template <class T>
+__device__ __forceinline__ void dequant_pairs(uint32_t r, uint32_t ze, uint32_t zo, uint32_t se, uint32_t so,
+                                              uint32_t &even, uint32_t &odd)
 {
-    const uint32_t r = __byte_perm(lo, hi, gemv_map::pair_select(B));
     even = mul2<T>(sub2<T>(and_or<gemv_map::kEvenNibbles, PairMagic<T>::kValue>(r), ze), se);
     if constexpr (std::is_same<T, F16T>::value) {
         const __half2 q16 = as_half2(and_or<gemv_map::kOddNibbles, PairMagic<T>::kValue>(r)); /* 1024 + 16q */
@@ -175,6 +182,14 @@ __device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t 
     } else {
         odd = mul2<T>(sub2<T>(and_or<gemv_map::kEvenNibbles, PairMagic<T>::kValue>(r >> 4), zo), so);
     }
+}
+
+/* Why: dequant_pairs for byte B of the words lo, hi of rows k, k + 1. */
+template <class T, int B>
+__device__ __forceinline__ void dequant_byte(uint32_t lo, uint32_t hi, uint32_t ze, uint32_t zo, uint32_t se,
+                                             uint32_t so, uint32_t &even, uint32_t &odd)
+{
+    dequant_pairs<T>(__byte_perm(lo, hi, gemv_map::pair_select(B)), ze, zo, se, so, even, odd);
 }
 
 template <class T, int NT, int B>
@@ -360,7 +375,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[NT][kLaneWords][4][4], con
 }
 
 /* Why: bias in float32, one rounding, one 16-byte store of 8 outputs. */
-template <class T> __device__ __forceinline__ void finish(const Args &a, int64_t row, int64_t col, float (&v)[8])
+template <class T, class A> __device__ __forceinline__ void finish(const A &a, int64_t row, int64_t col, float (&v)[8])
 {
     if (a.bias != nullptr) {
         const uint4 u = __ldg(reinterpret_cast<const uint4 *>(a.bias + col * 2));
