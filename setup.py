@@ -215,7 +215,10 @@ class BuildExt(build_ext):
         os.makedirs(out_dir, exist_ok=True)
         gencode = []
         for a in archs:
-            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+            # 9.0 gets the sm_90a machine code: the warpgroup kernel's wgmma
+            # exists only there, and the rest of the code is the same
+            v = f"{a}a" if a == 90 else f"{a}"
+            gencode += ["-gencode", f"arch=compute_{v},code=sm_{v}"]
         newest = max(archs)
         gencode += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
         arch_list = ";".join(str(a) for a in archs)
