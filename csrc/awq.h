@@ -76,8 +76,9 @@ static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u
 
 /* ---- kernels ------------------------------------------------------------
  * dequantize: AUTO resolves to V4 on CUDA and CPU on the host.
- * linear: CPU (the host's fused kernel), SIMT (CUDA cores), MMA (tensor
- * cores), DEQUANT (dequantize into a buffer + the framework's matmul). */
+ * linear: CPU (the host's fused kernel), SIMT (CUDA cores), MMA, GEMV and
+ * WGMMA (tensor cores), DEQUANT (dequantize into a buffer + the framework's
+ * matmul). */
 typedef enum {
     AWQ_KERNEL_AUTO = 0,
     AWQ_KERNEL_V1 = 1,      /* one thread per output element */
@@ -89,15 +90,16 @@ typedef enum {
     AWQ_KERNEL_MMA = 7,     /* linear: fused, tensor cores (mma.sync, sm_80+) */
     AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
     AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 32, sm_80+) */
+    AWQ_KERNEL_WGMMA = 10,  /* linear: fused, warpgroup tensor cores (wgmma, sm_90a) */
 } awq_kernel;
 
-#define AWQ_NUM_KERNELS 10
+#define AWQ_NUM_KERNELS 11
 
 /* The one table of kernel names; NULL for an id out of range. */
 static inline const char *awq_kernel_name(int k)
 {
     static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1",   "v2",  "v3",     "v4",
-                                                       "cpu",  "simt", "mma", "dequant", "gemv"};
+                                                       "cpu",  "simt", "mma", "dequant", "gemv", "wgmma"};
     return k >= 0 && k < AWQ_NUM_KERNELS ? names[k] : NULL;
 }
 
@@ -115,7 +117,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 8
+#define AWQ_CUDA_KERNELS_GEN 9
 #define AWQ_CPU_KERNELS_GEN 3
 
 /* CUDA device ordinals the package keeps per-device facts for (device

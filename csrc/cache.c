@@ -282,7 +282,8 @@ static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 static int is_fused(const awq_config *c, int device)
 {
     return device >= 0
-               ? c->kernel == AWQ_KERNEL_GEMV || c->kernel == AWQ_KERNEL_MMA || c->kernel == AWQ_KERNEL_SIMT
+               ? c->kernel == AWQ_KERNEL_GEMV || c->kernel == AWQ_KERNEL_WGMMA || c->kernel == AWQ_KERNEL_MMA ||
+                     c->kernel == AWQ_KERNEL_SIMT
                : c->kernel == AWQ_KERNEL_CPU;
 }
 

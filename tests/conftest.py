@@ -229,10 +229,14 @@ def assert_linear_close(y, x, qw, qz, sc, bias, group_size=None):
     """y is within |y - y64| <= 2^-9 (|x| @ |W|) + 1 ulp of y's dtype of the float64
     reference; NaN exactly where the reference is NaN, the reference's infinities
     exactly, and an infinity elsewhere only where y64 rounds beyond the dtype's range."""
+    assert_within_reference(y, *linear_reference(x, qw, qz, sc, bias, group_size))
+
+
+def assert_within_reference(y, y64, bound):
+    """assert_linear_close against a reference computed once (linear_reference)."""
     dtype = str(getattr(y, "dtype", "")).replace("torch.", "")
     if dtype not in _FLOAT_FORMATS:
         dtype = str(np.asarray(y).dtype)
-    y64, bound = linear_reference(x, qw, qz, sc, bias, group_size)
     got = as_float64(y)
     assert got.shape == y64.shape, (got.shape, y64.shape)
     nan_ref = np.isnan(y64)

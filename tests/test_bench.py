@@ -761,7 +761,7 @@ def test_linear_cuda_floor_model_and_dispatcher_choice(tmp_path, monkeypatch):
         for p in lay["points"]:
             assert p["floor_model_us"] == pytest.approx(
                 floor + max(p["bytes"] / (gbps * 1e3), p["flops"] / 989e6))
-            assert p["auto_choice"]["kernel"] in ("gemv", "mma", "simt", "dequant")
+            assert p["auto_choice"]["kernel"] in ("gemv", "wgmma", "mma", "simt", "dequant")
             dense_us = p["impls"]["dense"]["stats"]["median_us"]
             for name, rec in p["impls"].items():
                 assert rec["within_tolerance"] is True, (lay["label"], p["M"], name, rec["notes"])

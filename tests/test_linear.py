@@ -12,8 +12,8 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant import _C, reference
 
-from conftest import (DTYPES, as_float64, assert_linear_close, linear_problem, make_problem,
-                      np_dtype)
+from conftest import (DTYPES, as_float64, assert_linear_close, assert_within_reference,
+                      linear_problem, linear_reference, make_problem, np_dtype)
 
 bits = reference.to_bits
 PATHS = ("fused", "dequant", "auto")
@@ -368,8 +368,9 @@ def test_cuda_tuned_layer_then_a_misaligned_view(rng):
 @cuda
 def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
     """M <= 16 on a layer it can run goes to the decode kernel; M = 17..32 to
-    the MMA kernel, with the decode kernel among the tuner's candidates; what it
-    cannot run (M = 33, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
+    the MMA kernel, with the decode kernel among the tuner's candidates; from
+    M = 33 the warpgroup kernel on an H100/H200; what the decode kernel cannot
+    run (M = 33, N % 32 != 0, K % 16 != 0, float32) to the other kernels."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the decode kernel needs sm_80")
@@ -384,6 +385,9 @@ def test_cuda_gemv_is_the_decode_default_and_falls_back(rng):
 
     assert [first(M, 512, 256, 128) for M in (1, 2, 5, 8, 9, 16)] == ["gemv"] * 6
     assert first(17, 512, 256, 128) == "mma"
+    if _wgmma_runs(torch):  # from 33 rows the warpgroup kernel, where it runs
+        assert first(33, 512, 256, 128) == "wgmma" and first(1024, 512, 256, 128) == "wgmma"
+        assert first(33, 512, 256, 32) == "mma"  # G = 32: a stage of 64 k spans two groups
     assert "gemv" in kernels(17, 512, 256, 128) and "gemv" in kernels(32, 512, 256, 128)
     assert "gemv" not in kernels(33, 512, 256, 128)
     assert first(1, 512, 200, 128) == "mma"       # N = 200: an odd number of words
@@ -409,7 +413,7 @@ def test_cuda_every_candidate_within_tolerance(rng, dtype):
         tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
                                     dtype)
         cands = _C._dev.linear_candidates(tx, tqw, tqz, tsc)
-        assert cands and cands[0]["kernel"] in ("gemv", "mma", "simt")
+        assert cands and cands[0]["kernel"] in ("gemv", "wgmma", "mma", "simt")
         for cfg in cands:
             out = torch.full((M, N), float("nan"), device="cuda", dtype=tx.dtype)
             _C._dev.linear_config(tx, tqw, tqz, tsc, tb, out, cfg)
@@ -417,6 +421,68 @@ def test_cuda_every_candidate_within_tolerance(rng, dtype):
             again = torch.full_like(out, float("nan"))
             _C._dev.linear_config(tx, tqw, tqz, tsc, tb, again, cfg)
             assert torch.equal(again, out), cfg  # deterministic per configuration
+
+
+def _wgmma_runs(torch):
+    """The warpgroup kernel runs: compute capability 9.0 and sm_90 code in the build."""
+    return torch.cuda.get_device_capability() == (9, 0) and 90 in awq.build_info()["cuda_archs"]
+
+
+def _wgmma_configs(torch, x, tqw, tqz, tsc):
+    return [c for c in _C._dev.linear_candidates(x, tqw, tqz, tsc) if c["kernel"] == "wgmma"]
+
+
+# (K, N, G): N past the last 256-column block (288: one block and 4 words; 2080:
+# eight and 4), N under one block (96) with G = K, several groups, a long K.
+WGMMA_SHAPES = [(512, 288, 64), (1024, 2080, 128), (256, 96, 256), (4096, 512, 128)]
+# tails of the 32-, 64- and 128-row tiles, and several tiles of rows
+WGMMA_MS = [9, 15, 16, 17, 31, 33, 64, 100, 128, 129, 257, 1024]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("K, N, G", WGMMA_SHAPES)
+def test_cuda_wgmma_every_config_within_tolerance(rng, dtype, K, N, G):
+    """Every configuration of the warpgroup kernel the tuner may try (tiles of
+    32, 64 and 128 rows; K split over 1, 2, 4 and 8 blocks of a cluster), on
+    row, column and group tails, with a bias on odd M; each run twice gives
+    the same bits."""
+    torch = pytest.importorskip("torch")
+    if not _wgmma_runs(torch):
+        pytest.skip("the warpgroup kernel needs compute capability 9.0 and sm_90 code")
+    for M in WGMMA_MS:
+        arrays = linear_problem(rng, M, K, N, G, "float32", bias=M % 2 == 1)
+        tx, tqw, tqz, tsc, tb = _to(torch, arrays, "cuda", dtype)
+        ref = linear_reference(tx, tqw, tqz, tsc, tb)
+        configs = _wgmma_configs(torch, tx, tqw, tqz, tsc)
+        assert len(configs) >= 3, (M, configs)  # splits 1, 2 and 4 at least (K = 256 has 4 stages)
+        for cfg in configs:
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=tx.dtype)
+            _C._dev.linear_config(tx, tqw, tqz, tsc, tb, out, cfg)
+            assert_within_reference(out, *ref)
+            again = torch.full_like(out, float("nan"))
+            _C._dev.linear_config(tx, tqw, tqz, tsc, tb, again, cfg)
+            assert torch.equal(again, out), (M, cfg)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_wgmma_identity_rows_give_w_exactly(rng, dtype):
+    """The warpgroup kernel's W is the dequantize kernels' W, bit for bit, in
+    the right column: 32, 64 and 128 rows of the identity at a time give those
+    rows of W through every configuration (the sums of a split add zeros)."""
+    torch = pytest.importorskip("torch")
+    if not _wgmma_runs(torch):
+        pytest.skip("the warpgroup kernel needs compute capability 9.0 and sm_90 code")
+    K = 512
+    tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 64, dtype)
+    for rows in (32, 64, 128):
+        configs = [c for c in _wgmma_configs(torch, eye[:rows], tqw, tqz, tsc) if c["rows"] == rows]
+        assert configs, rows
+        for cfg in configs:
+            for r0 in range(0, K, rows):
+                got = _config_rows(torch, eye[r0:r0 + rows].contiguous(), tqw, tqz, tsc, cfg)
+                assert torch.equal(got, want[r0:r0 + rows]), (cfg, r0)
 
 
 @cuda

@@ -5,7 +5,8 @@
  * CUDA-core kernel (AWQ_KERNEL_SIMT, every dtype, any G, any architecture),
  * their launchers, default configurations and the autotuner's candidates.
  *
- * The decode kernel (AWQ_KERNEL_GEMV, M <= 32) lives in cuda/linear_gemv.cuh.
+ * The decode kernel (AWQ_KERNEL_GEMV, M <= 32) lives in cuda/linear_gemv.cuh,
+ * the warpgroup kernel (AWQ_KERNEL_WGMMA, sm_90a) in cuda/linear_wgmma.cuh.
  *
  * Contract (DESIGN.md section 7): W's values are bit-equal to the dequantize
  * kernels' (round_to_dtype(float32(q - z) * float32(s))); products and sums in
@@ -27,6 +28,10 @@
  *         dequantized B fragment;
  *         split = blocks of a thread-block cluster (1, 2, 4, 8; > 1 needs sm_90),
  *         each a contiguous slice of K, summed through distributed shared memory.
+ *   WGMMA: block_size = 128 (one warpgroup on 128 columns); rows = rows of
+ *         x a block takes (32, 64, 128: wgmma's N); split = blocks of a
+ *         cluster, each a contiguous slice of K, summed through distributed
+ *         shared memory.
  *   SIMT: block_size = threads of a block, blockDim.x = block_size / split word
  *         columns by blockDim.y = split slices of K;
  *         rows = rows of x per thread (1, 2, 4).
@@ -45,6 +50,7 @@
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_layout.cuh"
 #include "cuda/linear_ops.cuh"
+#include "cuda/linear_wgmma.cuh"
 
 using namespace awq_cu;
 namespace mm = awq_cu::mma_map;
@@ -786,6 +792,9 @@ struct Device {
     int64_t smem_optin = kDefaultSmemLimit;
     bool tensor_cores() const { return major >= 8 && arch >= 80; } /* mma.sync bf16 */
     bool clusters() const { return major >= 9 && arch >= 90; }
+    /* sm_90a machine code (wgmma) runs on compute capability 9.0 only, and a
+     * build for 9.0 always carries it (setup.py): code of version 90 there is it */
+    bool warpgroups() const { return major == 9 && minor == 0 && arch >= 90; }
 };
 
 cudaError_t device_of(int dev, Device *d)
@@ -805,10 +814,13 @@ cudaError_t device_of(int dev, Device *d)
 
 /* Why: dynamic shared memory above 48 KB needs an opt-in per kernel and
  * device, once (cudaFuncSetAttribute is not a stream operation).  Devices
- * past AWQ_MAX_DEVICES opt in on every launch that needs it. */
-template <auto Kernel> cudaError_t allow_smem(int device, unsigned bytes, int64_t optin)
+ * past AWQ_MAX_DEVICES opt in on every launch that needs it.  SharedFirst
+ * kernels also ask for the largest shared-memory carveout: the driver
+ * otherwise sizes it for one block, and their blocks are meant to share a
+ * multiprocessor. */
+template <auto Kernel, bool SharedFirst = false> cudaError_t allow_smem(int device, unsigned bytes, int64_t optin)
 {
-    if (bytes <= kDefaultSmemLimit) return cudaSuccess;
+    if (bytes <= kDefaultSmemLimit && !SharedFirst) return cudaSuccess;
     static std::atomic<uint64_t> done{0};
     static std::mutex mutex;
     static_assert(AWQ_MAX_DEVICES <= 64, "one bit per device");
@@ -816,20 +828,23 @@ template <auto Kernel> cudaError_t allow_smem(int device, unsigned bytes, int64_
     if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
     std::lock_guard<std::mutex> lock(mutex);
     if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-    const cudaError_t e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                           (int)optin));
+    cudaError_t e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)optin));
+    if (e == cudaSuccess && SharedFirst)
+        e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
+                                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared));
     if (e == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_release);
     return e;
 }
 
 /* Why: every kernel's launch ends the same way: the shared-memory opt-in,
  * then a cluster of `cluster` blocks along x (sm_90) or a plain launch. */
-template <auto Kernel, class Args>
+template <auto Kernel, bool SharedFirst = false, class Args>
 cudaError_t launch_with_smem(const LaunchShape &s, unsigned cluster, int device, const Device &d, cudaStream_t stream,
                              const Args &a)
 {
-    const cudaError_t e = allow_smem<Kernel>(device, s.smem, d.smem_optin);
+    const cudaError_t e = allow_smem<Kernel, SharedFirst>(device, s.smem, d.smem_optin);
     if (e != cudaSuccess) return e;
     return cluster > 1 ? launch_cluster<Kernel>(s, cluster, stream, a) : launch<Kernel>(s, stream, a);
 }
@@ -1145,6 +1160,84 @@ awq_config gemv_default(const awq_linear_problem *p, const Device &d)
     return config_of(AWQ_KERNEL_GEMV, 32 * (int)(slices / split), gv::kMinRing, split);
 }
 
+/* ---- the warpgroup kernel ------------------------------------------------ */
+
+/* What the warpgroup kernel needs from the problem: f16/bf16, whole stages
+ * of 64 k inside whole groups (K % 64 == 0, G % 64 == 0), word columns in
+ * fours (N % 32 == 0: 16-byte copies), every array 16-byte aligned.  The
+ * rest runs on the other kernels. */
+bool wgmma_problem_ok(const awq_linear_problem *p)
+{
+    if (p->dtype != AWQ_F16 && p->dtype != AWQ_BF16) return false;
+    if (p->M < 1 || p->K <= 0 || p->K >= kMmaMaxK) return false;
+    if (p->K % wg::kStageK != 0 || p->G % wg::kStageK != 0 || p->N % (4 * AWQ_COLS_PER_WORD) != 0) return false;
+    return aligned(p->x, 16) && aligned(p->qweight, 16) && aligned(p->qzeros, 16) && aligned(p->scales, 16) &&
+           aligned(p->y, 16) && (!p->bias || aligned(p->bias, 16));
+}
+
+int64_t wgmma_colblocks(const awq_linear_problem *p) { return ceil_div(p->N / AWQ_COLS_PER_WORD, wg::kBlockWords); }
+
+bool wgmma_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
+{
+    if (c->block_size != wg::kThreads || !wg::rows_ok(c->rows) || !mma_split_ok(c->split)) return false;
+    if (!d.warpgroups() || !wgmma_problem_ok(p)) return false;
+    if (wg::smem_bytes(c->rows) > d.smem_optin) return false;
+    if (c->split > p->K / wg::kStageK) return false; /* every block of a cluster has a stage */
+    return wgmma_colblocks(p) * c->split <= 2147483647;
+}
+
+template <class T, int NT>
+cudaError_t wgmma_launch_rows(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    wg::Args a;
+    static_cast<LinearOperands &>(a) = operands_of(p);
+    a.M = p->M;
+    a.N = p->N;
+    a.W = p->N / AWQ_COLS_PER_WORD;
+    a.mtiles = ceil_div(p->M, NT);
+    a.K = (int)p->K;
+    a.nstages = (int)(p->K / wg::kStageK);
+    a.spg = (int)(p->G / wg::kStageK);
+    a.split = c->split;
+    LaunchShape s;
+    s.grid = dim3((unsigned)(wgmma_colblocks(p) * c->split), (unsigned)std::min<int64_t>(a.mtiles, kMaxGridY), 1);
+    s.block = dim3((unsigned)wg::kThreads, 1, 1);
+    s.smem = (unsigned)wg::smem_bytes(NT);
+    return launch_with_smem<wg::kernel<T, NT>, true>(s, (unsigned)c->split, p->device, d, stream, a);
+}
+
+template <class T>
+cudaError_t wgmma_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    switch (c->rows) {
+    case 32: return wgmma_launch_rows<T, 32>(p, c, d, stream);
+    case 64: return wgmma_launch_rows<T, 64>(p, c, d, stream);
+    default: return wgmma_launch_rows<T, 128>(p, c, d, stream);
+    }
+}
+
+cudaError_t wgmma_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    return p->dtype == AWQ_F16 ? wgmma_launch_type<F16T>(p, c, d, stream) : wgmma_launch_type<BF16T>(p, c, d, stream);
+}
+
+/* The warpgroup default: the smallest tile of rows that holds M (128 above
+ * 64 rows), and K split across a cluster until column blocks x row tiles x
+ * split fill the multiprocessors twice (two blocks a SM overlap each
+ * other's waits), each slice at least kWgmmaMinSliceStages stages. */
+constexpr int kWgmmaMinSliceStages = 4;
+
+awq_config wgmma_default(const awq_linear_problem *p, const Device &d)
+{
+    const int rows = p->M <= 32 ? 32 : p->M <= 64 ? 64 : 128;
+    const int64_t units = wgmma_colblocks(p) * ceil_div(std::max<int64_t>(p->M, 1), rows);
+    const int64_t nstages = p->K / wg::kStageK;
+    int split = 1;
+    while (split < wg::kMaxSplit && units * split < 2 * d.sms && nstages / (split * 2) >= kWgmmaMinSliceStages)
+        split *= 2;
+    return config_of(AWQ_KERNEL_WGMMA, wg::kThreads, rows, split);
+}
+
 /* ---- configuration, dispatch ------------------------------------------ */
 
 /* The configuration can run this problem on this device, for its kernel. */
@@ -1152,6 +1245,7 @@ bool config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d
 {
     switch (c->kernel) {
     case AWQ_KERNEL_GEMV: return gemv_config_ok(p, c, d);
+    case AWQ_KERNEL_WGMMA: return wgmma_config_ok(p, c, d);
     case AWQ_KERNEL_MMA: return mma_config_ok(p, c, d);
     case AWQ_KERNEL_SIMT: return simt_config_ok(p, c, d);
     default: return false;
@@ -1160,13 +1254,17 @@ bool config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d
 
 /* The fastest fused kernel that can run the problem, with its defaults: the
  * decode kernel up to 16 rows; from 17 it is a tuning candidate only (four
- * tiles of x win on the large layers, the MMA kernel on the small ones). */
+ * tiles of x win on the large layers, the MMA kernel on the small ones);
+ * from 33 rows the warpgroup kernel where it runs (H100, H200), else MMA. */
 constexpr int64_t kGemvDefaultMaxM = 16;
+constexpr int64_t kWgmmaDefaultMinM = 33;
 
 awq_config default_config(const awq_linear_problem *p, const Device &d)
 {
     const awq_config g = gemv_default(p, d);
     if (p->M <= kGemvDefaultMaxM && gemv_config_ok(p, &g, d)) return g;
+    const awq_config w = wgmma_default(p, d);
+    if (p->M >= kWgmmaDefaultMinM && wgmma_config_ok(p, &w, d)) return w;
     awq_config m = mma_default(p, d);
     if (mma_config_ok(p, &m, d)) return m;
     return simt_default(p, d);
@@ -1183,12 +1281,14 @@ awq_status resolve_config(const awq_linear_problem *p, const awq_config *in, con
         const awq_config def = default_config(p, d);
         c.kernel = def.kernel;
     }
-    if (c.kernel != AWQ_KERNEL_GEMV && c.kernel != AWQ_KERNEL_MMA && c.kernel != AWQ_KERNEL_SIMT)
+    if (c.kernel != AWQ_KERNEL_GEMV && c.kernel != AWQ_KERNEL_WGMMA && c.kernel != AWQ_KERNEL_MMA &&
+        c.kernel != AWQ_KERNEL_SIMT)
         return AWQ_ERR_CONFIG;
     if (c.block_size < 0 || c.rows < 0 || c.split < 0) return AWQ_ERR_CONFIG;
-    const awq_config def = c.kernel == AWQ_KERNEL_GEMV  ? gemv_default(p, d)
-                           : c.kernel == AWQ_KERNEL_MMA ? mma_default(p, d)
-                                                        : simt_default(p, d);
+    const awq_config def = c.kernel == AWQ_KERNEL_GEMV    ? gemv_default(p, d)
+                           : c.kernel == AWQ_KERNEL_WGMMA ? wgmma_default(p, d)
+                           : c.kernel == AWQ_KERNEL_MMA   ? mma_default(p, d)
+                                                          : simt_default(p, d);
     if (c.block_size == 0) c.block_size = def.block_size;
     if (c.rows == 0) c.rows = def.rows;
     if (c.split == 0) c.split = def.split;
@@ -1202,6 +1302,7 @@ cudaError_t launch_linear(const awq_linear_problem *p, const awq_config *c, cons
     if (nothing_to_do(p)) return cudaSuccess;
     switch (c->kernel) {
     case AWQ_KERNEL_GEMV: return gemv_launch(p, c, d, stream);
+    case AWQ_KERNEL_WGMMA: return wgmma_launch(p, c, d, stream);
     case AWQ_KERNEL_MMA: return mma_launch(p, c, d, stream);
     default: return simt_launch(p, c, d, stream);
     }
@@ -1284,6 +1385,14 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
         for (const auto &ws : kGemvSlices)
             if ((int64_t)ws[0] * ws[1] * kGemvMinSliceSteps <= nsteps)
                 for (int ring : {gv::kMinRing, gv::kMaxRing}) add(config_of(AWQ_KERNEL_GEMV, 32 * ws[0], ring, ws[1]));
+    }
+    if (wgmma_problem_ok(p) && d.warpgroups() && p->M > gv::kTileM) {
+        /* every tile of rows that M fills at least half of, every split with a stage a block */
+        const int64_t nstages = p->K / wg::kStageK;
+        for (int rows : {32, 64, 128})
+            if (rows == 32 || p->M > rows / 2)
+                for (int split : {1, 2, 4, 8})
+                    if (split <= nstages) add(config_of(AWQ_KERNEL_WGMMA, wg::kThreads, rows, split));
     }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */
