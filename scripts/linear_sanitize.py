@@ -6,8 +6,10 @@
     ... the same with --tune
 
 linear(path="fused") on small shapes that reach every branch of the kernels:
-M in {1, 5, 12, 17, 32, 64} (the decode kernel up to M = 32, with one, two
-and four n8 tiles of x; one, two and four m16 tiles per warp, M tails), N tails
+M in {1, 5, 12, 17, 32, 64, 129} (the decode kernel up to M = 32, with one,
+two and four n8 tiles of x; one, two and four m16 tiles per warp; the
+warpgroup kernel from 33 rows on an H100/H200, two tiles of rows at 129; M
+tails), N tails
 (a column block of one word column, N = 8), K tails (G = K = 200 and 202),
 G in {32, 128, K}, float16 and bfloat16 (the tensor-core kernel), float32 and
 misaligned views (the CUDA-core kernel), bias on and off; one call captured
@@ -18,7 +20,8 @@ the same bits.
 By default every call runs the default configuration (AWQ_FAST_DEQUANT_AUTOTUNE=0).
 With --tune the autotuner runs in a fresh cache folder, so that every candidate
 configuration of every shape (warps per block, cluster sizes, m16 tiles per
-warp, the CUDA-core kernel's slices) is launched under the sanitizer; the
+warp, the warpgroup kernel's tiles of rows, the CUDA-core kernel's slices)
+is launched under the sanitizer; the
 winner's result is checked."""
 
 import argparse
@@ -92,7 +95,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tune", action="store_true", help="tune in a fresh cache folder: every candidate runs")
     ap.add_argument("--quick", action="store_true",
-                    help="M in {1, 12, 17, 32}, float16 and float32, four shapes (for the slower checkers)")
+                    help="M in {1, 12, 17, 32, 129}, float16 and float32, four shapes (for the slower checkers)")
     args = ap.parse_args()
     _configure(args.tune)
 
@@ -111,11 +114,12 @@ def main() -> int:
         (202, 40, 202),   # K % 4 == 2: half of the last x quad past K
         (96, 8, 32),      # N = 8: one word column
         (384, 520, 384),  # one group, a multiple of 16
-        (512, 288, 64),   # K = 512: 8 K slices of 4 steps, so the decode kernel is a candidate at M = 17..32
+        (512, 288, 64),   # K = 512: 8 K slices of 4 steps, so the decode kernel is a candidate at M = 17..32;
+                          # the warpgroup kernel's stages (G % 64 == 0), one column block and a 4-word tail
     ]
-    ms, dtypes = (1, 5, 12, 17, 32, 64), ("float16", "bfloat16", "float32")
+    ms, dtypes = (1, 5, 12, 17, 32, 64, 129), ("float16", "bfloat16", "float32")
     if args.quick:
-        ms, dtypes, shapes = (1, 12, 17, 32), ("float16", "float32"), shapes[:3] + shapes[-1:]
+        ms, dtypes, shapes = (1, 12, 17, 32, 129), ("float16", "float32"), shapes[:3] + shapes[-1:]
     n = 0
     for M in ms:
         for K, N, G in shapes:
