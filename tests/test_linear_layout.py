@@ -12,7 +12,11 @@ tests/cuda_host/test_gemv_layout.cpp does the same for the decode kernel
 layout puts it, every lane's fragment loads read its fragment, and the bank
 conflicts are counted -- fewer than the plain layout (--flat) has; and its
 warps, emulated lane by lane through the same mma emulation (isa_mma.h), give
-x @ W exactly."""
+x @ W exactly.
+
+tests/cuda_host/test_wgmma_layout.cpp checks the warpgroup kernel's stage
+(wgmma_map): every copied byte lands once, copies and fragment loads meet no
+bank conflict, and x lies where wgmma's swizzled descriptor reads it."""
 
 import os
 import re
@@ -26,6 +30,7 @@ CSRC = os.path.join(ROOT, "csrc")
 LAYOUT = os.path.join(CSRC, "cuda", "linear_layout.cuh")
 PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_mma_layout.cpp")
 GEMV_PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_gemv_layout.cpp")
+WGMMA_PROGRAM = os.path.join(ROOT, "tests", "cuda_host", "test_wgmma_layout.cpp")
 
 
 def _compiler():
@@ -167,3 +172,23 @@ def test_gemv_row_slots_take_conflicts_off_the_plain_layout(gemv_layout):
 ])
 def test_gemv_check_catches_a_wrong_mapping(tmp_path, old, new):
     _assert_mutant_fails(tmp_path, GEMV_PROGRAM, old, new)
+
+
+def test_wgmma_stage_is_placed_read_and_swizzled(tmp_path):
+    if not (os.path.exists(WGMMA_PROGRAM) and os.path.exists(LAYOUT)):
+        pytest.skip("needs the source tree")
+    proc = _run(_build(CSRC, str(tmp_path / "test_wgmma_layout"), WGMMA_PROGRAM))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = re.findall(r"^(.*): (\d+) bad$", proc.stdout, re.M)
+    assert len(checks) == 13 and all(bad == "0" for _, bad in checks), proc.stdout
+    assert proc.stdout.rstrip().endswith("OK")
+
+
+@pytest.mark.parametrize("old, new", [
+    # the qweight chunks not XOR-ed: rows 2i and 2i + 4 of a half-warp meet in one bank
+    ("16 * (c ^ (2 * ((r >> 2) & 1)));", "16 * c;"),
+    # x without the 128-byte swizzle the descriptor names
+    ("return n * kXRowBytes + 16 * (c ^ (n & 7)); }", "return n * kXRowBytes + 16 * c; }"),
+])
+def test_wgmma_check_catches_a_wrong_layout(tmp_path, old, new):
+    _assert_mutant_fails(tmp_path, WGMMA_PROGRAM, old, new)

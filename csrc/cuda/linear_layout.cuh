@@ -244,6 +244,35 @@ AWQ_HD int acc_x_row(int t, int i, int e) { return kTileM * t + 2 * i + (e & 1);
 AWQ_HD int acc_nibble(int b, int e) { return 2 * b + (e >> 1); }
 
 } // namespace gemv_map
+
+/* ---- the warpgroup kernel's shared-memory stage (cuda/linear_wgmma.cuh) ------------
+ * A stage holds 64 k: x [NT][128 bytes], then qweight [64][64 bytes] (the
+ * block's 16 word columns), then the group's zero words and scales.
+ *
+ * - x: 16-byte chunk c of row n at x_chunk(n, c), the 128-byte swizzle that
+ *   wgmma's shared-memory descriptor names (mode 1): within each 1024 bytes,
+ *   address bits 4..6 XOR-ed with bits 7..9.  The stage starts on 1024 bytes.
+ * - qweight: chunk c (words 4c .. 4c + 3) of row r at w_chunk(r, c): rows 2q
+ *   and 2q + 1 share 128 bytes, row r in the half (r ^ r / 2) % 2, its chunks
+ *   XOR-ed with 2 ((r / 4) % 2).  A lane (g, i) reads 8 bytes (words 2g,
+ *   2g + 1) of the rows 2i, 2i + 1, 2i + 8, 2i + 9 of a k16 step: the 16 lanes
+ *   of a half-warp then fill all 32 banks, and the 8 chunks a quarter-warp
+ *   copies (thread t: chunk t % 4 of row t / 4) fill 128 distinct bytes.
+ * tests/cuda_host/test_wgmma_layout.cpp checks both. */
+namespace wgmma_map {
+
+constexpr int kStageK = 64;     /* k of a stage */
+constexpr int kXRowBytes = 128; /* 64 k of a row of x */
+constexpr int kBlockWords = 16; /* word columns of a block */
+
+AWQ_HD constexpr int x_chunk(int n, int c) { return n * kXRowBytes + 16 * (c ^ (n & 7)); }
+
+AWQ_HD constexpr int w_chunk(int r, int c)
+{
+    return (r >> 1) * 128 + 64 * ((r ^ (r >> 1)) & 1) + 16 * (c ^ (2 * ((r >> 2) & 1)));
+}
+
+} // namespace wgmma_map
 } // namespace awq_cu
 
 #endif /* AWQ_CUDA_LINEAR_LAYOUT_CUH */

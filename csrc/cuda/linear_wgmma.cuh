@@ -31,9 +31,10 @@
  * Stages of 64 k in shared memory, stages(NT) deep, filled by cp.async (every
  * thread copies its 16-byte share; all but one stage in flight): the NT x
  * 128-byte rows of x in the 128-byte swizzle wgmma's descriptor names (chunk
- * c of row n at c ^ (n % 8)), the 64 x 64-byte rows of qweight (w_chunk: the
- * rows a half-warp reads at once fall on different banks, and so do the
- * chunks a quarter-warp copies), the group's zero words and scales (G % 64 == 0: a
+ * c of row n at c ^ (n % 8)), the 64 x 64-byte rows of qweight (wgmma_map in
+ * cuda/linear_layout.cuh: the rows a half-warp reads at once fall on
+ * different banks, and so do the chunks a quarter-warp copies), the group's
+ * zero words and scales (G % 64 == 0: a
  * stage lies in one group).  After a stage lands (cp.async.wait_group, the
  * async-proxy fence, a block barrier) each warp dequantizes the A registers
  * of the four k16 steps, one step after the other, issuing the step's two
@@ -59,6 +60,7 @@
 #include <cstdint>
 
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_layout.cuh"
 #include "cuda/linear_ops.cuh"
 
 /* wgmma is an sm_90a instruction: other targets compile an empty kernel,
@@ -74,10 +76,10 @@ namespace wg {
 
 constexpr int kThreads = 128;    /* one warpgroup */
 constexpr int kStepK = 16;        /* k of one wgmma */
-constexpr int kStageK = 64;       /* k of a stage: one 128-byte row of x */
+constexpr int kStageK = wgmma_map::kStageK; /* k of a stage: one 128-byte row of x */
 constexpr int kStageSteps = kStageK / kStepK;
-constexpr int kRowBytes = 128;    /* a stage row of x: 64 k */
-constexpr int kBlockWords = 16;   /* word columns of a block */
+constexpr int kRowBytes = wgmma_map::kXRowBytes;  /* a stage row of x: 64 k */
+constexpr int kBlockWords = wgmma_map::kBlockWords; /* word columns of a block */
 constexpr int kWRowBytes = kBlockWords * 4;
 constexpr int kBlockCols = kBlockWords * AWQ_COLS_PER_WORD;
 constexpr int kMaxSplit = 8;      /* blocks of a cluster: the portable limit */
@@ -106,16 +108,8 @@ __host__ __device__ constexpr int smem_bytes(int nt)
     return (stages(nt) * stage_bytes(nt) > part_bytes(nt) ? stages(nt) * stage_bytes(nt) : part_bytes(nt)) + kAlign;
 }
 
-/* Byte of 16-byte chunk c (0..7) of row n of x in a stage. */
-__host__ __device__ constexpr int x_chunk(int n, int c) { return n * kRowBytes + 16 * (c ^ (n & 7)); }
-/* Byte of chunk c (0..3) of row r of qweight, after x: rows 2q and 2q + 1
- * share 128 bytes, row r in the half (r ^ r / 2) % 2, its chunks XOR-ed with
- * 2 ((r / 4) % 2), so that the 4 rows 2i (or 2i + 1) a half-warp reads
- * fill all 32 banks. */
-__host__ __device__ constexpr int w_chunk(int r, int c)
-{
-    return (r >> 1) * 128 + 64 * ((r ^ (r >> 1)) & 1) + 16 * (c ^ (2 * ((r >> 2) & 1)));
-}
+using wgmma_map::w_chunk;
+using wgmma_map::x_chunk;
 
 struct Args : LinearOperands {
     int64_t M, N, W; /* W = N / 8 word columns, a multiple of 4 */
