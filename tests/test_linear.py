@@ -466,6 +466,26 @@ def test_cuda_wgmma_every_config_within_tolerance(rng, dtype, K, N, G):
 
 
 @cuda
+def test_cuda_every_m_bucket_keeps_its_tuned_choice(rng):
+    """Whatever wins a bucket -- any kernel, any configuration -- the autotune
+    cache stores it: each bucket tunes once, and the next call is a hit."""
+    torch = pytest.importorskip("torch")
+    if os.environ.get("AWQ_FAST_DEQUANT_AUTOTUNE") == "0":
+        pytest.skip("autotune off")
+    K, N, G = 1024, 2048, 128
+    for M in (1, 9, 33, 128, 257, 1024):
+        tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda", "float16")
+        assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb), tx, tqw, tqz, tsc, tb)  # tunes
+        before = awq.cache_stats()
+        assert_linear_close(awq.linear(tx, tqw, tqz, tsc, tb), tx, tqw, tqz, tsc, tb)
+        after = awq.cache_stats()
+        assert after["tunings"] == before["tunings"] and after["hits"] == before["hits"] + 1, (M, before, after)
+    stored = {e["M"] for e in awq.cache_entries() if e["op"] == "linear" and (e["K"], e["N"], e["G"])
+              == (K, N, G) and not e["device"].startswith("cpu")}
+    assert stored == {1, 16, 64, 128, 512, 1024}
+
+
+@cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_wgmma_identity_rows_give_w_exactly(rng, dtype):
     """The warpgroup kernel's W is the dequantize kernels' W, bit for bit, in
@@ -476,8 +496,8 @@ def test_cuda_wgmma_identity_rows_give_w_exactly(rng, dtype):
         pytest.skip("the warpgroup kernel needs compute capability 9.0 and sm_90 code")
     K = 512
     tqw, tqz, tsc, want, eye = _identity_problem(torch, rng, K, 288, 64, dtype)
-    for rows in (32, 64, 128):
-        configs = [c for c in _wgmma_configs(torch, eye[:rows], tqw, tqz, tsc) if c["rows"] == rows]
+    for rows in (32, 64, 128):  # a configuration's rows counts groups of 16
+        configs = [c for c in _wgmma_configs(torch, eye[:rows], tqw, tqz, tsc) if 16 * c["rows"] == rows]
         assert configs, rows
         for cfg in configs:
             for r0 in range(0, K, rows):

@@ -28,8 +28,10 @@
  *         dequantized B fragment;
  *         split = blocks of a thread-block cluster (1, 2, 4, 8; > 1 needs sm_90),
  *         each a contiguous slice of K, summed through distributed shared memory.
- *   WGMMA: block_size = 128 (one warpgroup on 128 columns); rows = rows of
- *         x a block takes (32, 64, 128: wgmma's N); split = blocks of a
+ *   WGMMA: block_size = 128 (one warpgroup on 128 columns); rows = 16-row
+ *         groups of x a block takes (2, 4, 8: wgmma's N = 32, 64, 128 --
+ *         counted in groups so that every value fits the autotune cache's
+ *         rows field, at most AWQ_MAX_ROWS); split = blocks of a
  *         cluster, each a contiguous slice of K, summed through distributed
  *         shared memory.
  *   SIMT: block_size = threads of a block, blockDim.x = block_size / split word
@@ -1177,11 +1179,18 @@ bool wgmma_problem_ok(const awq_linear_problem *p)
 
 int64_t wgmma_colblocks(const awq_linear_problem *p) { return ceil_div(p->N / AWQ_COLS_PER_WORD, wg::kBlockWords); }
 
+/* A configuration's rows counts 16-row groups of x: wgmma's N is 16 rows. */
+constexpr int kWgmmaRowGroup = 16;
+int wgmma_nt(const awq_config *c) { return kWgmmaRowGroup * c->rows; }
+static_assert(128 / kWgmmaRowGroup <= AWQ_MAX_ROWS, "every rows value of the kernel fits the autotune cache");
+
 bool wgmma_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
 {
-    if (c->block_size != wg::kThreads || !wg::rows_ok(c->rows) || !mma_split_ok(c->split)) return false;
+    if (c->block_size != wg::kThreads || c->rows < 1 || c->rows > 8 || !wg::rows_ok(wgmma_nt(c)) ||
+        !mma_split_ok(c->split))
+        return false;
     if (!d.warpgroups() || !wgmma_problem_ok(p)) return false;
-    if (wg::smem_bytes(c->rows) > d.smem_optin) return false;
+    if (wg::smem_bytes(wgmma_nt(c)) > d.smem_optin) return false;
     if (c->split > p->K / wg::kStageK) return false; /* every block of a cluster has a stage */
     return wgmma_colblocks(p) * c->split <= 2147483647;
 }
@@ -1209,7 +1218,7 @@ cudaError_t wgmma_launch_rows(const awq_linear_problem *p, const awq_config *c, 
 template <class T>
 cudaError_t wgmma_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    switch (c->rows) {
+    switch (wgmma_nt(c)) {
     case 32: return wgmma_launch_rows<T, 32>(p, c, d, stream);
     case 64: return wgmma_launch_rows<T, 64>(p, c, d, stream);
     default: return wgmma_launch_rows<T, 128>(p, c, d, stream);
@@ -1229,13 +1238,13 @@ constexpr int kWgmmaMinSliceStages = 4;
 
 awq_config wgmma_default(const awq_linear_problem *p, const Device &d)
 {
-    const int rows = p->M <= 32 ? 32 : p->M <= 64 ? 64 : 128;
-    const int64_t units = wgmma_colblocks(p) * ceil_div(std::max<int64_t>(p->M, 1), rows);
+    const int nt = p->M <= 32 ? 32 : p->M <= 64 ? 64 : 128;
+    const int64_t units = wgmma_colblocks(p) * ceil_div(std::max<int64_t>(p->M, 1), nt);
     const int64_t nstages = p->K / wg::kStageK;
     int split = 1;
     while (split < wg::kMaxSplit && units * split < 2 * d.sms && nstages / (split * 2) >= kWgmmaMinSliceStages)
         split *= 2;
-    return config_of(AWQ_KERNEL_WGMMA, wg::kThreads, rows, split);
+    return config_of(AWQ_KERNEL_WGMMA, wg::kThreads, nt / kWgmmaRowGroup, split);
 }
 
 /* ---- configuration, dispatch ------------------------------------------ */
@@ -1389,10 +1398,10 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
     if (wgmma_problem_ok(p) && d.warpgroups() && p->M > gv::kTileM) {
         /* every tile of rows that M fills at least half of, every split with a stage a block */
         const int64_t nstages = p->K / wg::kStageK;
-        for (int rows : {32, 64, 128})
-            if (rows == 32 || p->M > rows / 2)
+        for (int nt : {32, 64, 128})
+            if (nt == 32 || p->M > nt / 2)
                 for (int split : {1, 2, 4, 8})
-                    if (split <= nstages) add(config_of(AWQ_KERNEL_WGMMA, wg::kThreads, rows, split));
+                    if (split <= nstages) add(config_of(AWQ_KERNEL_WGMMA, wg::kThreads, nt / kWgmmaRowGroup, split));
     }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */

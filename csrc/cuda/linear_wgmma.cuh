@@ -85,7 +85,7 @@ constexpr int kBlockCols = kBlockWords * AWQ_COLS_PER_WORD;
 constexpr int kMaxSplit = 8;      /* blocks of a cluster: the portable limit */
 constexpr int kAlign = 1024;      /* the 128-byte swizzle repeats every 8 rows: stages start on 1 KB */
 
-/* Rows of x a block takes (the configuration's `rows`): wgmma's N. */
+/* Rows of x a block takes (16 x the configuration's `rows`): wgmma's N. */
 __host__ __device__ constexpr bool rows_ok(int nt) { return nt == 32 || nt == 64 || nt == 128; }
 
 /* One stage: x [NT][128 B], qweight [64][64 B], zero words [16], scales [128]. */
