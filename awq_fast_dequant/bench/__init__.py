@@ -40,12 +40,14 @@ Public names, for scripts and tests:
   copy bandwidth measured the same way; CpuTimer: the host clock after a
   memset of a large buffer.
 - text_table: the plain-text table of every report.
-- launch_config, empty_launch, launch_path: the C core's development entry
-  points (an explicit v4 configuration with rows per thread; the empty launch
-  under the host-overhead figures; the launch path in use), see _dev.
+- launch_config, empty_launch, launch_path, linear_candidates, linear_config:
+  the C core's development entry points (an explicit v4 configuration with
+  rows per thread; the empty launch under the host-overhead figures; the
+  launch path in use; the fused linear's tuning candidates and one of them
+  run), see _dev.
 """
 
-from ._dev import empty_launch, launch_config, launch_path
+from ._dev import empty_launch, launch_config, launch_path, linear_candidates, linear_config
 from .cases import Case, cuda_case, make_inputs
 from .impls import (register_impl, register_linear_impl, unregister_impl,
                     unregister_linear_impl)
@@ -77,4 +79,6 @@ __all__ = [
     "launch_config",
     "empty_launch",
     "launch_path",
+    "linear_candidates",
+    "linear_config",
 ]

@@ -10,6 +10,11 @@ name the private namespace.
   arguments to read: the floor under any launch, for host-overhead figures.
 - launch_path(): how kernels are launched, "driver" (cuLaunchKernel),
   "runtime" (cudaLaunchKernel) or "none" (a build without CUDA).
+- linear_candidates(x, qweight, qzeros, scales): the fused configurations the
+  tuner would try for this problem (dicts: kernel, block_size, rows, split),
+  the default first.
+- linear_config(x, qweight, qzeros, scales, bias, out, config): the fused
+  linear into `out` with one of them.
 """
 
 from .._C import _dev
@@ -20,3 +25,5 @@ from .._C import _dev
 launch_config = _dev.launch_config
 empty_launch = _dev.empty_launch
 launch_path = _dev.launch_path
+linear_candidates = _dev.linear_candidates
+linear_config = _dev.linear_config
