@@ -15,8 +15,8 @@
  *
  * ---- the mapping ------------------------------------------------------------------
  * A block is one warpgroup on 16 consecutive word columns (128 outputs) and
- * NT rows of x (two or three blocks share a multiprocessor, each with its own
- * barrier: one multiplies while another waits or dequantizes).  Warp w
+ * NT rows of x (two or three blocks fit a multiprocessor, each with its own
+ * barrier).  Warp w
  * supplies rows 16w .. 16w + 15 of A, which are the decode kernel's A tile
  * for byte w (cuda/linear_gemv.cuh): lane (g, i) reads the two words
  * cw = 2g, cw + 1 of the rows k0 + 2i, 2i + 1, 2i + 8, 2i + 9,
@@ -40,8 +40,7 @@
  * of the four k16 steps, one step after the other, issuing the step's two
  * wgmma as soon as its registers are written (the tensor cores work on one
  * step while the next is dequantized), and waits for the stage's eight
- * before the barrier that lets its buffer be refilled; meanwhile the other
- * blocks of the multiprocessor dequantize or multiply.
+ * before the barrier that lets its buffer be refilled.
  *
  * ---- K slices and the reduction ---------------------------------------------------------
  * With split > 1 the blocks of a thread-block cluster share the columns and
