@@ -432,8 +432,8 @@ def _wgmma_configs(torch, x, tqw, tqz, tsc):
     return [c for c in _C._dev.linear_candidates(x, tqw, tqz, tsc) if c["kernel"] == "wgmma"]
 
 
-# (K, N, G): N past the last 256-column block (288: one block and 4 words; 2080:
-# eight and 4), N under one block (96) with G = K, several groups, a long K.
+# (K, N, G): N past the last 128-column block (288: two blocks and 4 words; 2080:
+# sixteen and 4), N under one block (96) with G = K, several groups, a long K.
 WGMMA_SHAPES = [(512, 288, 64), (1024, 2080, 128), (256, 96, 256), (4096, 512, 128)]
 # tails of the 32-, 64- and 128-row tiles, and several tiles of rows
 WGMMA_MS = [9, 15, 16, 17, 31, 33, 64, 100, 128, 129, 257, 1024]
