@@ -1182,13 +1182,12 @@ int64_t wgmma_colblocks(const awq_linear_problem *p) { return ceil_div(p->N / AW
 /* A configuration's rows counts 16-row groups of x: wgmma's N is 16 rows. */
 constexpr int kWgmmaRowGroup = 16;
 int wgmma_nt(const awq_config *c) { return kWgmmaRowGroup * c->rows; }
+bool wgmma_rows_ok(int r) { return r == 2 || r == 4 || r == 8; }
 static_assert(128 / kWgmmaRowGroup <= AWQ_MAX_ROWS, "every rows value of the kernel fits the autotune cache");
 
 bool wgmma_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
 {
-    if (c->block_size != wg::kThreads || c->rows < 1 || c->rows > 8 || !wg::rows_ok(wgmma_nt(c)) ||
-        !mma_split_ok(c->split))
-        return false;
+    if (c->block_size != wg::kThreads || !wgmma_rows_ok(c->rows) || !mma_split_ok(c->split)) return false;
     if (!d.warpgroups() || !wgmma_problem_ok(p)) return false;
     if (wg::smem_bytes(wgmma_nt(c)) > d.smem_optin) return false;
     if (c->split > p->K / wg::kStageK) return false; /* every block of a cluster has a stage */
@@ -1232,8 +1231,8 @@ cudaError_t wgmma_launch(const awq_linear_problem *p, const awq_config *c, const
 
 /* The warpgroup default: the smallest tile of rows that holds M (128 above
  * 64 rows), and K split across a cluster until column blocks x row tiles x
- * split fill the multiprocessors twice (two blocks a SM overlap each
- * other's waits), each slice at least kWgmmaMinSliceStages stages. */
+ * split reach twice the multiprocessors (two blocks fit a SM), each slice at
+ * least kWgmmaMinSliceStages stages. */
 constexpr int kWgmmaMinSliceStages = 4;
 
 awq_config wgmma_default(const awq_linear_problem *p, const Device &d)

@@ -347,7 +347,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][NT / 2], const Args &a,
 
 #endif /* AWQ_WGMMA_CODE */
 
-/* Block: kThreads threads, word columns cb = (blockIdx.x / split) * 32 ..,
+/* Block: kThreads threads, word columns cb = (blockIdx.x / split) * 16 ..,
  * rows of x m0 = tile * NT .. (tiles blockIdx.y, + gridDim.y, ...); the
  * split blocks of a column block are one cluster, rank = blockIdx.x % split. */
 template <class T, int NT> __global__ void __launch_bounds__(kThreads, 1) kernel(const Args a)
