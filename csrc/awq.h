@@ -117,7 +117,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * kernels, their defaults or the meaning of a launch parameter could change
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
-#define AWQ_CUDA_KERNELS_GEN 9
+#define AWQ_CUDA_KERNELS_GEN 10
 #define AWQ_CPU_KERNELS_GEN 3
 
 /* CUDA device ordinals the package keeps per-device facts for (device

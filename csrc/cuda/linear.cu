@@ -28,7 +28,8 @@
  *         dequantized B fragment;
  *         split = blocks of a thread-block cluster (1, 2, 4, 8; > 1 needs sm_90),
  *         each a contiguous slice of K, summed through distributed shared memory.
- *   WGMMA: block_size = 128 (one warpgroup on 128 columns); rows = 16-row
+ *   WGMMA: block_size = 128 H (H = 1 or 2 warpgroups, each on 128 columns,
+ *         sharing the tile of x); rows = 16-row
  *         groups of x a block takes (2, 4, 8: wgmma's N = 32, 64, 128 --
  *         counted in groups so that every value fits the autotune cache's
  *         rows field, at most AWQ_MAX_ROWS); split = blocks of a
@@ -1177,7 +1178,14 @@ bool wgmma_problem_ok(const awq_linear_problem *p)
            aligned(p->y, 16) && (!p->bias || aligned(p->bias, 16));
 }
 
-int64_t wgmma_colblocks(const awq_linear_problem *p) { return ceil_div(p->N / AWQ_COLS_PER_WORD, wg::kBlockWords); }
+/* Warpgroups of a configuration's block. */
+int wgmma_groups(const awq_config *c) { return c->block_size / wg::kThreads; }
+bool wgmma_block_ok(int block_size) { return block_size == wg::kThreads || block_size == wg::kMaxGroups * wg::kThreads; }
+
+int64_t wgmma_colblocks(const awq_linear_problem *p, int groups)
+{
+    return ceil_div(p->N / AWQ_COLS_PER_WORD, (int64_t)wg::kBlockWords * groups);
+}
 
 /* A configuration's rows counts 16-row groups of x: wgmma's N is 16 rows. */
 constexpr int kWgmmaRowGroup = 16;
@@ -1187,14 +1195,14 @@ static_assert(128 / kWgmmaRowGroup <= AWQ_MAX_ROWS, "every rows value of the ker
 
 bool wgmma_config_ok(const awq_linear_problem *p, const awq_config *c, const Device &d)
 {
-    if (c->block_size != wg::kThreads || !wgmma_rows_ok(c->rows) || !mma_split_ok(c->split)) return false;
+    if (!wgmma_block_ok(c->block_size) || !wgmma_rows_ok(c->rows) || !mma_split_ok(c->split)) return false;
     if (!d.warpgroups() || !wgmma_problem_ok(p)) return false;
-    if (wg::smem_bytes(wgmma_nt(c)) > d.smem_optin) return false;
+    if (wg::smem_bytes(wgmma_nt(c), wgmma_groups(c)) > d.smem_optin) return false;
     if (c->split > p->K / wg::kStageK) return false; /* every block of a cluster has a stage */
-    return wgmma_colblocks(p) * c->split <= 2147483647;
+    return wgmma_colblocks(p, wgmma_groups(c)) * c->split <= 2147483647;
 }
 
-template <class T, int NT>
+template <class T, int NT, int H>
 cudaError_t wgmma_launch_rows(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
     wg::Args a;
@@ -1208,20 +1216,27 @@ cudaError_t wgmma_launch_rows(const awq_linear_problem *p, const awq_config *c, 
     a.spg = (int)(p->G / wg::kStageK);
     a.split = c->split;
     LaunchShape s;
-    s.grid = dim3((unsigned)(wgmma_colblocks(p) * c->split), (unsigned)std::min<int64_t>(a.mtiles, kMaxGridY), 1);
-    s.block = dim3((unsigned)wg::kThreads, 1, 1);
-    s.smem = (unsigned)wg::smem_bytes(NT);
-    return launch_with_smem<wg::kernel<T, NT>, true>(s, (unsigned)c->split, p->device, d, stream, a);
+    s.grid = dim3((unsigned)(wgmma_colblocks(p, H) * c->split), (unsigned)std::min<int64_t>(a.mtiles, kMaxGridY), 1);
+    s.block = dim3((unsigned)(wg::kThreads * H), 1, 1);
+    s.smem = (unsigned)wg::smem_bytes(NT, H);
+    return launch_with_smem<wg::kernel<T, NT, H>, true>(s, (unsigned)c->split, p->device, d, stream, a);
+}
+
+template <class T, int H>
+cudaError_t wgmma_launch_groups(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
+{
+    switch (wgmma_nt(c)) {
+    case 32: return wgmma_launch_rows<T, 32, H>(p, c, d, stream);
+    case 64: return wgmma_launch_rows<T, 64, H>(p, c, d, stream);
+    default: return wgmma_launch_rows<T, 128, H>(p, c, d, stream);
+    }
 }
 
 template <class T>
 cudaError_t wgmma_launch_type(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
 {
-    switch (wgmma_nt(c)) {
-    case 32: return wgmma_launch_rows<T, 32>(p, c, d, stream);
-    case 64: return wgmma_launch_rows<T, 64>(p, c, d, stream);
-    default: return wgmma_launch_rows<T, 128>(p, c, d, stream);
-    }
+    return wgmma_groups(c) == 1 ? wgmma_launch_groups<T, 1>(p, c, d, stream)
+                                : wgmma_launch_groups<T, wg::kMaxGroups>(p, c, d, stream);
 }
 
 cudaError_t wgmma_launch(const awq_linear_problem *p, const awq_config *c, const Device &d, cudaStream_t stream)
@@ -1238,7 +1253,7 @@ constexpr int kWgmmaMinSliceStages = 4;
 awq_config wgmma_default(const awq_linear_problem *p, const Device &d)
 {
     const int nt = p->M <= 32 ? 32 : p->M <= 64 ? 64 : 128;
-    const int64_t units = wgmma_colblocks(p) * ceil_div(std::max<int64_t>(p->M, 1), nt);
+    const int64_t units = wgmma_colblocks(p, 1) * ceil_div(std::max<int64_t>(p->M, 1), nt);
     const int64_t nstages = p->K / wg::kStageK;
     int split = 1;
     while (split < wg::kMaxSplit && units * split < 2 * d.sms && nstages / (split * 2) >= kWgmmaMinSliceStages)
@@ -1395,12 +1410,15 @@ int awq_cuda_linear_candidates(const awq_linear_problem *p, awq_config *configs,
                 for (int ring : {gv::kMinRing, gv::kMaxRing}) add(config_of(AWQ_KERNEL_GEMV, 32 * ws[0], ring, ws[1]));
     }
     if (wgmma_problem_ok(p) && d.warpgroups() && p->M > gv::kTileM) {
-        /* every tile of rows that M fills at least half of, every split with a stage a block */
+        /* one or two warpgroups, every tile of rows that M fills at least half of, every split with a
+         * stage a block */
         const int64_t nstages = p->K / wg::kStageK;
-        for (int nt : {32, 64, 128})
-            if (nt == 32 || p->M > nt / 2)
-                for (int split : {1, 2, 4, 8})
-                    if (split <= nstages) add(config_of(AWQ_KERNEL_WGMMA, wg::kThreads, nt / kWgmmaRowGroup, split));
+        for (int groups = 1; groups <= wg::kMaxGroups; ++groups)
+            for (int nt : {32, 64, 128})
+                if (nt == 32 || p->M > nt / 2)
+                    for (int split : {1, 2, 4, 8})
+                        if (split <= nstages)
+                            add(config_of(AWQ_KERNEL_WGMMA, wg::kThreads * groups, nt / kWgmmaRowGroup, split));
     }
     if (mma_problem_ok(p) && d.tensor_cores()) {
         /* rows: the default's and the next smaller one (more M tiles, fewer registers) */
