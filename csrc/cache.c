@@ -248,9 +248,13 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
 
 /* Up to this M the fused kernel is the untuned choice; above it,
  * dequantize + the framework's matmul (whose GEMM the fused kernels do not
- * try to beat at large M).  Measured on an H200 and a 2-core x86 host:
- * docs/KERNELS.md, "linear: the dispatch". */
+ * try to beat at large M).  Where the fused default is the warpgroup kernel
+ * (compute capability 9.0), up to CUDA_WGMMA_FUSED_MAX_M: at M = 64 it
+ * took 4-55% less time than dequantize + matmul on every layer of the H200
+ * benchmark (docs/BENCHMARKS.md).  Measured on an H200 and a 2-core x86
+ * host. */
 #define CUDA_FUSED_MAX_M 32
+#define CUDA_WGMMA_FUSED_MAX_M 64
 #define CPU_FUSED_MAX_M 8
 
 /* The fused configuration when nothing is tuned. */
@@ -271,12 +275,17 @@ static int fused_default(const awq_linear_problem *p, awq_config *cfg)
 static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 {
     const int64_t max_m = p->device >= 0 ? CUDA_FUSED_MAX_M : CPU_FUSED_MAX_M;
-    if (path != AWQ_PATH_FUSED && p->M > max_m) {
-        memset(cfg, 0, sizeof *cfg);
-        cfg->kernel = AWQ_KERNEL_DEQUANT;
-        return 0;
+    if (path == AWQ_PATH_FUSED || p->M <= max_m)
+        return fused_default(p, cfg);
+    if (p->device >= 0 && p->M <= CUDA_WGMMA_FUSED_MAX_M) {
+        if (fused_default(p, cfg))
+            return -1;
+        if (cfg->kernel == AWQ_KERNEL_WGMMA)
+            return 0;
     }
-    return fused_default(p, cfg);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kernel = AWQ_KERNEL_DEQUANT;
+    return 0;
 }
 
 static int is_fused(const awq_config *c, int device)

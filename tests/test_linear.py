@@ -423,6 +423,34 @@ def test_cuda_every_candidate_within_tolerance(rng, dtype):
             assert torch.equal(again, out), cfg  # deterministic per configuration
 
 
+@cuda
+def test_cuda_untuned_crossover(rng, monkeypatch):
+    """With tuning off, "auto" runs the fused kernel up to M = 32, and up to
+    64 where the fused default is the warpgroup kernel; above, dequantize +
+    matmul, which allocates the dense weight (the fused path, given out=,
+    allocates nothing)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("AWQ_FAST_DEQUANT_AUTOTUNE", "0")
+    _C._dev.cache_reload()
+    K, N, G = 512, 256, 128
+
+    def allocations(M):
+        tx, tqw, tqz, tsc, tb = _to(torch, linear_problem(rng, M, K, N, G, "float32"), "cuda",
+                                    "float16")
+        out = torch.empty((M, N), device="cuda", dtype=tx.dtype)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        awq.linear(tx, tqw, tqz, tsc, tb, out=out)
+        torch.cuda.synchronize()
+        assert_linear_close(out, tx, tqw, tqz, tsc, tb)
+        return torch.cuda.memory_stats()["allocation.all.allocated"] - before
+
+    fused_to = 64 if _wgmma_runs(torch) else 32
+    assert allocations(32) == 0 and allocations(fused_to) == 0
+    assert allocations(fused_to + 1) > 0 and allocations(1024) > 0
+    assert awq.cache_stats()["tunings"] == 0
+
+
 def _wgmma_runs(torch):
     """The warpgroup kernel runs: compute capability 9.0 and sm_90 code in the build."""
     return torch.cuda.get_device_capability() == (9, 0) and 90 in awq.build_info()["cuda_archs"]
@@ -432,8 +460,9 @@ def _wgmma_configs(torch, x, tqw, tqz, tsc):
     return [c for c in _C._dev.linear_candidates(x, tqw, tqz, tsc) if c["kernel"] == "wgmma"]
 
 
-# (K, N, G): N past the last 128-column block (288: two blocks and 4 words; 2080:
-# sixteen and 4), N under one block (96) with G = K, several groups, a long K.
+# (K, N, G): N past the last 128-column warpgroup (288: two and 4 words; 2080:
+# sixteen and 4; with two warpgroups a block, the second of the last block has
+# no column at all), N under one warpgroup (96) with G = K, several groups, a long K.
 WGMMA_SHAPES = [(512, 288, 64), (1024, 2080, 128), (256, 96, 256), (4096, 512, 128)]
 # tails of the 32-, 64- and 128-row tiles, and several tiles of rows
 WGMMA_MS = [9, 15, 16, 17, 31, 33, 64, 100, 128, 129, 257, 1024]
