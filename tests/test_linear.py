@@ -442,8 +442,9 @@ def test_cuda_untuned_crossover(rng, monkeypatch):
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
         awq.linear(tx, tqw, tqz, tsc, tb, out=out)
         torch.cuda.synchronize()
+        allocated = torch.cuda.memory_stats()["allocation.all.allocated"] - before
         assert_linear_close(out, tx, tqw, tqz, tsc, tb)
-        return torch.cuda.memory_stats()["allocation.all.allocated"] - before
+        return allocated
 
     fused_to = 64 if _wgmma_runs(torch) else 32
     assert allocations(32) == 0 and allocations(fused_to) == 0

@@ -1244,10 +1244,12 @@ cudaError_t wgmma_launch(const awq_linear_problem *p, const awq_config *c, const
     return p->dtype == AWQ_F16 ? wgmma_launch_type<F16T>(p, c, d, stream) : wgmma_launch_type<BF16T>(p, c, d, stream);
 }
 
-/* The warpgroup default: the smallest tile of rows that holds M (128 above
- * 64 rows), and K split across a cluster until column blocks x row tiles x
- * split reach twice the multiprocessors (two blocks fit a SM), each slice at
- * least kWgmmaMinSliceStages stages. */
+/* The warpgroup default: one warpgroup a block, the smallest tile of rows
+ * that holds M (128 above 64 rows), and K split across a cluster while
+ * column blocks x row tiles x split stay under 90% of the multiprocessors,
+ * each slice at least kWgmmaMinSliceStages stages.  (The tuner's picks at
+ * M = 64 on the H200 benchmark's layers: about one block a SM; splitting
+ * further, to two blocks a SM, cost up to a third more time.) */
 constexpr int kWgmmaMinSliceStages = 4;
 
 awq_config wgmma_default(const awq_linear_problem *p, const Device &d)
@@ -1256,7 +1258,8 @@ awq_config wgmma_default(const awq_linear_problem *p, const Device &d)
     const int64_t units = wgmma_colblocks(p, 1) * ceil_div(std::max<int64_t>(p->M, 1), nt);
     const int64_t nstages = p->K / wg::kStageK;
     int split = 1;
-    while (split < wg::kMaxSplit && units * split < 2 * d.sms && nstages / (split * 2) >= kWgmmaMinSliceStages)
+    while (split < wg::kMaxSplit && 10 * units * split < 9 * (int64_t)d.sms &&
+           nstages / (split * 2) >= kWgmmaMinSliceStages)
         split *= 2;
     return config_of(AWQ_KERNEL_WGMMA, wg::kThreads, nt / kWgmmaRowGroup, split);
 }
