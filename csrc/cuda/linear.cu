@@ -1180,7 +1180,10 @@ bool wgmma_problem_ok(const awq_linear_problem *p)
 
 /* Warpgroups of a configuration's block. */
 int wgmma_groups(const awq_config *c) { return c->block_size / wg::kThreads; }
-bool wgmma_block_ok(int block_size) { return block_size == wg::kThreads || block_size == wg::kMaxGroups * wg::kThreads; }
+bool wgmma_block_ok(int block_size)
+{
+    return block_size == wg::kThreads || block_size == wg::kMaxGroups * wg::kThreads;
+}
 
 int64_t wgmma_colblocks(const awq_linear_problem *p, int groups)
 {

@@ -98,7 +98,10 @@ constexpr int kZBytes = kBlockWords * 4;
 constexpr int kSBytes = kBlockCols * 2;
 constexpr int kGroupBytes = kWBytes + kZBytes + kSBytes;
 __host__ __device__ constexpr int round_up(int v, int m) { return (v + m - 1) / m * m; }
-__host__ __device__ constexpr int stage_bytes(int nt, int h) { return round_up(nt * kRowBytes + h * kGroupBytes, kAlign); }
+__host__ __device__ constexpr int stage_bytes(int nt, int h)
+{
+    return round_up(nt * kRowBytes + h * kGroupBytes, kAlign);
+}
 /* Stages of a block.  Two are being read (the tensor cores finish one
  * stage's products while the warps start on the next), the rest are in
  * flight: with one warpgroup 5 (NT = 32) or 3, three or two blocks a
