@@ -8,9 +8,9 @@
  *    every quarter-warp of copies and every half-warp of the lanes' 8-byte
  *    fragment loads (lane (g, i): words 2g, 2g + 1 of the rows 2i, 2i + 1,
  *    2i + 8, 2i + 9 of each k16 step) touches each bank at most once;
- *  - x: the copies (thread t: chunk t % 8 of rows t / 8 + 16 j) write every
- *    byte of the NT x 128-byte tile once, each quarter-warp without a bank
- *    conflict, and each element (row n, k) lies where wgmma reads it through
+ *  - x: the copies of a block of H warpgroups (thread t of 128 H: chunk t % 8
+ *    of rows t / 8 + 16 H j) write every byte of the NT x 128-byte tile once,
+ *    each quarter-warp without a bank conflict, and each element (row n, k) lies where wgmma reads it through
  *    the kernel's descriptor: the start address moved 32 bytes a k16 step,
  *    8-row groups 1024 bytes apart, rows 128 bytes apart inside a group, and
  *    the 128-byte swizzle (address bits 4..6 XOR-ed with bits 7..9, PTX ISA,
@@ -111,22 +111,28 @@ int descriptor_byte(int n, int k, int kk)
     return linear ^ (((linear >> 7) & 7) << 4);
 }
 
-void check_x(int nt)
+void check_x_copies(int nt, int h)
 {
     char what[96];
     std::vector<int> all;
     long conflicts = 0;
-    for (int t0 = 0; t0 < 128; t0 += 8)
-        for (int j = 0; j < nt / 16; ++j) {
+    for (int t0 = 0; t0 < 128 * h; t0 += 8)
+        for (int j = 0; j < nt / (16 * h); ++j) {
             std::vector<int> phase;
-            for (int t = t0; t < t0 + 8; ++t) phase.push_back(x_chunk(t / 8 + 16 * j, t % 8));
+            for (int t = t0; t < t0 + 8; ++t) phase.push_back(x_chunk(t / 8 + 16 * h * j, t % 8));
             conflicts += ways(phase, 16) - 1;
             all.insert(all.end(), phase.begin(), phase.end());
         }
-    std::snprintf(what, sizeof what, "NT=%d x copies place every byte once", nt);
+    std::snprintf(what, sizeof what, "NT=%d H=%d x copies place every byte once", nt, h);
     report(what, placement(all, nt * kXRowBytes));
-    std::snprintf(what, sizeof what, "NT=%d x copies: extra wavefronts", nt);
+    std::snprintf(what, sizeof what, "NT=%d H=%d x copies: extra wavefronts", nt, h);
     report(what, conflicts);
+}
+
+void check_x(int nt)
+{
+    char what[96];
+    for (int h = 1; h <= 2; ++h) check_x_copies(nt, h);
 
     long wrong = 0;
     for (int kk = 0; kk < kStageK / 16; ++kk)
