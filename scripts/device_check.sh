@@ -3,7 +3,8 @@
 # build, the test suite, the compute-sanitizer sweep, the full benchmark, four
 # host-only reruns of the benchmark (two per launch path), the host-time
 # probe, the linear benchmark (bench --linear), the decoder-layer and
-# conversion benchmarks and the read-only floor (scripts/read_floor.py).
+# conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
+# compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -81,6 +82,12 @@ echo "convert bench rc $?" >> "$OUT/convert.txt"
 # The decode kernel against a kernel that only reads the packed weights.
 python3 "$R/scripts/read_floor.py" > "$OUT/read_floor.txt" 2>&1
 echo "read floor rc $?" >> "$OUT/read_floor.txt"
+# The warpgroup kernel's issue pattern on the tensor cores (sm_90a only).
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a "$R/scripts/wgmma_probe.cu" -o /tmp/wgmma_probe &&
+        /tmp/wgmma_probe > "$OUT/wgmma_probe.txt" 2>&1
+    echo "wgmma probe rc $?" >> "$OUT/wgmma_probe.txt"
+fi
 
 # The summary (the device tool returns the end of the output).
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
@@ -96,3 +103,4 @@ grep -E "^bench --linear rc" "$OUT/bench_linear.txt"
 tail -8 "$OUT/decoder.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
+[ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"
