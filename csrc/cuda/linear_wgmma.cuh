@@ -17,13 +17,13 @@
  * A block is H warpgroups (1 or 2) on NT rows of x, which they share;
  * warpgroup h takes 16 consecutive word columns (128 outputs), cb + 16 h ..
  * (with H = 1 two or three blocks fit a multiprocessor, with H = 2 one).
- * Warp w of a warpgroup supplies rows 16w .. 16w + 15 of A, which are the decode kernel's A tile
- * for byte w (cuda/linear_gemv.cuh): lane (g, i) reads the two words
- * cw = 2g, cw + 1 of the rows k0 + 2i, 2i + 1, 2i + 8, 2i + 9,
- * and for word v builds A row g from nibble 2w and row g + 8 from nibble
- * 2w + 1.  So a warpgroup issues two wgmma a k16 step, one per word v, each
- * covering nibbles 2w, 2w + 1 of the 8 words cw + v (g = 0..7) in every
- * warp w: 64 distinct outputs, and the two together the block's 128.
+ * Warp w of a warpgroup supplies rows 16w .. 16w + 15 of A, which are the
+ * decode kernel's A tile for byte w (cuda/linear_gemv.cuh): lane (g, i)
+ * reads the two words cw = 2g, cw + 1 of the rows k0 + 2i, 2i + 1, 2i + 8,
+ * 2i + 9, and for word v builds A row g from nibble 2w and row g + 8 from
+ * nibble 2w + 1.  So a warpgroup issues two wgmma a k16 step, one per word
+ * v, each covering nibbles 2w, 2w + 1 of the 8 words cw + v (g = 0..7) in
+ * every warp w: 64 distinct outputs, and the two together its 128.
  * Accumulator 4j + e of a lane is row 8j + 2i + (e & 1) of x at the output
  * column of nibble 2w + (e >> 1) of word cw + v (the mma C layout, per n8).
  *
@@ -104,8 +104,8 @@ __host__ __device__ constexpr int stage_bytes(int nt, int h)
 }
 /* Stages of a block.  Two are being read (the tensor cores finish one
  * stage's products while the warps start on the next), the rest are in
- * flight: with one warpgroup 5 (NT = 32) or 3, three or two blocks a
- * multiprocessor; with two, 6 and one block. */
+ * flight: with one warpgroup 5 of them (NT = 32) or 3, and three or two
+ * blocks a multiprocessor; with two warpgroups 6, and one block. */
 __host__ __device__ constexpr int stages(int nt, int h) { return h == 2 ? 8 : nt == 32 ? 7 : 5; }
 /* The block's sums, [h][NT][kPartPitch] floats, over the drained stages. */
 constexpr int kPartPitch = kBlockCols + 4; /* 16-byte rows */
