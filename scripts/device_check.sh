@@ -84,7 +84,7 @@ python3 "$R/scripts/read_floor.py" > "$OUT/read_floor.txt" 2>&1
 echo "read floor rc $?" >> "$OUT/read_floor.txt"
 # The warpgroup kernel's issue pattern on the tensor cores (sm_90a only).
 if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
-    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a "$R/scripts/wgmma_probe.cu" -o /tmp/wgmma_probe &&
+    nvcc -O3 -std=c++17 -I "$R/csrc" -gencode arch=compute_90a,code=sm_90a "$R/scripts/wgmma_probe.cu" -o /tmp/wgmma_probe &&
         /tmp/wgmma_probe > "$OUT/wgmma_probe.txt" 2>&1
     echo "wgmma probe rc $?" >> "$OUT/wgmma_probe.txt"
 fi

@@ -2,7 +2,7 @@
 // cores, without and with a stage's memory work (docs/KERNELS.md, "Measured on
 // the H200: the warpgroup kernel").  Not part of the package.
 //
-//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/wgmma_probe.cu -o wgmma_probe
+//     nvcc -O3 -std=c++17 -I csrc -gencode arch=compute_90a,code=sm_90a scripts/wgmma_probe.cu -o wgmma_probe
 //     ./wgmma_probe
 //
 // Per k16 step, as in csrc/cuda/linear_wgmma.cuh: wgmma.wait_group LAG (the
@@ -18,31 +18,9 @@
 #include <cstdint>
 #include <cstdio>
 
-/* 128-byte swizzle, K-major, 1024 bytes between groups of 8 rows (as x_desc in linear_wgmma.cuh) */
-__device__ __forceinline__ uint64_t desc_of(uint32_t addr)
-{
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
+#include "cuda/linear_wgmma.cuh" /* the kernel's descriptor, wgmma and fence wrappers */
 
-#define D8(o)                                                                                                      \
-    "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]),    \
-        "+f"(d[o + 7])
-#define L32                                                                                                        \
-    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"  \
-    "%29,%30,%31"
-#define L64                                                                                                        \
-    L32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,"    \
-        "%57,%58,%59,%60,%61,%62,%63"
-
-/* d += A (registers) x B (shared memory, 16 x 128) */
-__device__ __forceinline__ void mma128(float *d, const uint32_t (&a)[4], uint64_t bd)
-{
-    asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" L64
-                 "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;}"
-                 : D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd));
-}
+using namespace awq_cu;
 
 /* at most LAG groups pending; x passes through, so that what is computed from it comes after */
 template <int LAG> __device__ __forceinline__ void wait_through(uint32_t &x)
@@ -61,14 +39,14 @@ template <int LAG, int OPS, bool BAR, bool FENCE, int COPY, bool LDS>
 __global__ void __launch_bounds__(256, 1) probe(int iters, long long *cycles, float *sink, uint32_t seed,
                                                 const int4 *src)
 {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if AWQ_WGMMA_CODE
     extern __shared__ __align__(1024) char smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t base = (raw + 1023) & ~1023u;
     const char *sbase = smem + (base - raw);
     for (int i = threadIdx.x; i < kBTile / 4; i += blockDim.x) reinterpret_cast<uint32_t *>(smem)[i] = 0;
     __syncthreads();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wg::fence_async_proxy();
     __syncthreads();
     float d0[64], d1[64];
     for (int e = 0; e < 64; ++e) d0[e] = d1[e] = 0.0f;
@@ -80,15 +58,15 @@ __global__ void __launch_bounds__(256, 1) probe(int iters, long long *cycles, fl
             const int chunk = c * 256 + threadIdx.x;
             const uint32_t dst = base + kBTile + (stage % kRing) * kStage + chunk * 16;
             const int4 *g = src + ((size_t)stage * (kStage / 16) + chunk) % kSrcChunks;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(g));
+            wg::cp_16(dst, g, true);
         }
-        asm volatile("cp.async.commit_group;");
+        gemv::cp_commit();
     };
     for (int s = 0; s < kInFlight; ++s) issue(s);
     uint2 words[4][4];
     for (int it = 0; it < iters; ++it) { /* one stage: 4 k16 steps */
-        if (COPY) asm volatile("cp.async.wait_group %0;" ::"n"(kInFlight - 1));
-        if (FENCE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        if (COPY) gemv::cp_wait<kInFlight - 1>();
+        if (FENCE) wg::fence_async_proxy();
         if (BAR) __syncthreads();
         if (COPY) issue(it + kInFlight);
         if (LDS) { /* rows 16 kk + 4 r + t % 4, 8 bytes of word pair (t / 4) % 8: 256 distinct bytes a load */
@@ -106,7 +84,7 @@ __global__ void __launch_bounds__(256, 1) probe(int iters, long long *cycles, fl
             uint32_t x = mine + it * 4 + kk;
             if (LDS) x += words[kk][0].x + words[kk][1].y + words[kk][2].x + words[kk][3].y;
             wait_through<LAG>(x);
-            uint32_t a0[4], a1[4];
+            uint32_t a[2][4];
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 uint32_t v = x + r, u = x ^ r;
@@ -115,21 +93,19 @@ __global__ void __launch_bounds__(256, 1) probe(int iters, long long *cycles, fl
                     v = __byte_perm(v, u, 0x5140 + o);
                     u = (u & 0x000F000F) | 0x64006400;
                 }
-                a0[r] = v & 0x3c003c00u;
-                a1[r] = u & 0x3c003c00u;
+                a[0][r] = v & 0x3c003c00u;
+                a[1][r] = u & 0x3c003c00u;
             }
-            asm volatile("wgmma.fence.sync.aligned;"
-                         : "+r"(a0[0]), "+r"(a0[1]), "+r"(a0[2]), "+r"(a0[3]), "+r"(a1[0]), "+r"(a1[1]), "+r"(a1[2]),
-                           "+r"(a1[3]));
-            const uint64_t bd = desc_of(base + kk * 32);
-            mma128(d0, a0, bd);
-            mma128(d1, a1, bd);
-            asm volatile("wgmma.commit_group.sync.aligned;");
+            wg::wgmma_fence(a);
+            const uint64_t bd = wg::x_desc(base + kk * 32);
+            wg::wgmma<F16T, 128>(d0, a[0], bd);
+            wg::wgmma<F16T, 128>(d1, a[1], bd);
+            wg::wgmma_commit();
         }
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg::wgmma_wait<0>();
     const long long t1 = clock64();
-    asm volatile("cp.async.wait_group 0;");
+    gemv::cp_wait<0>();
     float sum = 0;
     for (int e = 0; e < 64; ++e) sum += d0[e] + d1[e];
     if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
