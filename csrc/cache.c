@@ -271,19 +271,23 @@ static int fused_default(const awq_linear_problem *p, awq_config *cfg)
     return s == AWQ_OK ? 0 : awq_raise_status(s, detail, p->device);
 }
 
+/* The largest M at which a fused default of this kernel stays the untuned
+ * choice of "auto". */
+static int64_t fused_max_m(int device, int kernel)
+{
+    if (device < 0)
+        return CPU_FUSED_MAX_M;
+    return kernel == AWQ_KERNEL_WGMMA ? CUDA_WGMMA_FUSED_MAX_M : CUDA_FUSED_MAX_M;
+}
+
 /* The configuration when nothing is tuned for path (awq_path): the fused
- * default, or for "auto" above the backend's fused M, dequantize. */
+ * default, or for "auto" above its kernel's fused M, dequantize. */
 static int untuned(const awq_linear_problem *p, int path, awq_config *cfg)
 {
-    const int64_t max_m = p->device >= 0 ? CUDA_FUSED_MAX_M : CPU_FUSED_MAX_M;
-    if (path == AWQ_PATH_FUSED || p->M <= max_m)
-        return fused_default(p, cfg);
-    if (p->device >= 0 && p->M <= CUDA_WGMMA_FUSED_MAX_M) {
-        if (fused_default(p, cfg))
-            return -1;
-        if (cfg->kernel == AWQ_KERNEL_WGMMA)
-            return 0;
-    }
+    if (fused_default(p, cfg))
+        return -1;
+    if (path == AWQ_PATH_FUSED || p->M <= fused_max_m(p->device, cfg->kernel))
+        return 0;
     memset(cfg, 0, sizeof *cfg);
     cfg->kernel = AWQ_KERNEL_DEQUANT;
     return 0;
