@@ -13,6 +13,12 @@ the AWQ layer is the same layer after quantize_model (G = 128). Batch 1.
 - host overhead: microseconds per call of AWQLinear (a 4096 x 4096 layer, one
   token) against calling awq_fast_dequant.linear directly, the GPU kept busy
   so that no call waits on it (target: within 3 us).
+- --compile: both steps again with each layer under torch.compile (the
+  norms, the rotary embedding and the activation fused into a few Triton
+  kernels, AWQLinear through its registered op), each captured in a CUDA
+  graph the same way.
+- --breakdown: every kernel of one replay of each step, with its time, and
+  the time in the projections' kernels against the rest (CUDA only).
 
 Every replay is timed alone between CUDA events after an L2 flush; dense and
 AWQ alternate in a random order each trial; medians are reported, and the
@@ -22,6 +28,7 @@ weights. --device cpu --tiny runs the same steps on a small layer on the CPU
 memset before each step), to check that the script runs.
 
     python scripts/decoder_layer_bench.py [--trials 15] [--repeats 10] [--prefill 512]
+                                          [--compile] [--breakdown]
 """
 
 import argparse
@@ -59,6 +66,10 @@ def parse_args():
     ap.add_argument("--host-repeats", type=int, default=20,
                     help="host-overhead samples per case (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time both layers under torch.compile (default off)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="list the kernels of one replay of each step (CUDA; default off)")
     return ap.parse_args()
 
 
@@ -152,6 +163,40 @@ def check(quantized, step_awq, dtype, rotary, tokens, hidden, device, seed):
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
+def kind_of(kernel):
+    """'projections' for the linears' kernels (ours, cuBLAS's), 'other' for the rest."""
+    name = kernel.lower()
+    linear = ("awq", "nvjet", "gemm", "splitkreduce")  # ours; cuBLAS's GEMMs and reductions
+    return "projections" if any(k in name for k in linear) else "other"
+
+
+def breakdown(step, timer, label):
+    """Print every kernel of one replay of step (L2 flushed first) and the totals."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    timer.flush.zero_()
+    timer.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        timer.sync()
+    kernels = sorted((e for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        print(f"  {label}: the profiler saw no kernels")
+        return
+    t0 = kernels[0].time_range.start
+    totals = {"projections": 0.0, "other": 0.0}
+    print(f"  {label}: {len(kernels)} kernels, first start to last end "
+          f"{kernels[-1].time_range.end - t0:.1f} us")
+    for e in kernels:
+        took = e.time_range.end - e.time_range.start
+        totals[kind_of(e.name)] += took
+        print(f"    {e.time_range.start - t0:8.1f} {took:8.2f}  {e.name[:90]}")
+    print(f"    kernel time: projections {totals['projections']:.1f} us, "
+          f"other {totals['other']:.1f} us")
+
+
 def host_overhead(device, repeats):
     """(AWQLinear us per call, linear() us per call): medians, the GPU kept busy."""
     layer = AWQLinear.from_tensors(*_random_layer(4096, 4096, 128, device))
@@ -207,24 +252,36 @@ def main():
         timer, where = CpuTimer(CPU_FLUSH_BYTES), "CPU"
     print(f"LlamaDecoderLayer {dims}, G={args.group}, {str(dtype)[6:]}, {where}")
 
-    ratios = {}
-    for phase, tokens in (("decode step", 1), ("prefill", args.prefill)):
-        steps = {"dense": Step(dense, rotary, tokens, hidden, dtype, device, args.seed),
-                 "AWQ": Step(quantized, rotary, tokens, hidden, dtype, device, args.seed)}
-        err = check(quantized, steps["AWQ"], dtype, rotary, tokens, hidden, device, args.seed)
-        samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
-        medians = {}
-        print(f"{phase} ({tokens} token{'s' if tokens > 1 else ''}, "
-              f"{'CUDA graph' if on_cuda else 'eager'}); AWQ output vs its dequantized "
-              f"dense layer: max rel. error {err:.2e}")
-        for name, s in samples.items():
-            medians[name], text = summary(s)
-            print(f"  {name:<6} {text}")
-        ratios[phase] = medians
-    decode, prefill = ratios["decode step"], ratios["prefill"]
-    print(f"decode step ratio (dense / AWQ): {decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
-    print(f"prefill ratio (AWQ / dense): {prefill['AWQ'] / prefill['dense']:.3f}  "
-          f"(target <= 1.10)")
+    modes = ["eager", "torch.compile"] if args.compile else ["eager"]
+    for mode in modes:
+        if mode == "eager":
+            layers = {"dense": dense, "AWQ": quantized}
+        else:
+            layers = {"dense": torch.compile(dense), "AWQ": torch.compile(quantized)}
+        ratios = {}
+        for phase, tokens in (("decode step", 1), ("prefill", args.prefill)):
+            steps = {name: Step(layer, rotary, tokens, hidden, dtype, device, args.seed)
+                     for name, layer in layers.items()}
+            err = check(quantized, steps["AWQ"], dtype, rotary, tokens, hidden, device,
+                        args.seed)
+            samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
+            medians = {}
+            print(f"{phase} ({tokens} token{'s' if tokens > 1 else ''}, {mode}, "
+                  f"{'CUDA graph' if on_cuda else 'no graph'}); AWQ output vs its "
+                  f"dequantized dense layer: max rel. error {err:.2e}")
+            for name, s in samples.items():
+                medians[name], text = summary(s)
+                print(f"  {name:<6} {text}")
+            if args.breakdown and on_cuda:
+                for name, st in steps.items():
+                    breakdown(st, timer, f"{name}, one replay")
+            ratios[phase] = medians
+        decode, prefill = ratios["decode step"], ratios["prefill"]
+        prefix = "" if mode == "eager" else f"{mode}: "
+        print(f"{prefix}decode step ratio (dense / AWQ): "
+              f"{decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
+        print(f"{prefix}prefill ratio (AWQ / dense): "
+              f"{prefill['AWQ'] / prefill['dense']:.3f}  (target <= 1.10)")
     if on_cuda:
         host = host_overhead(device, args.host_repeats)
         print(f"host us per call, GPU busy (4096x4096, 1 token): AWQLinear "

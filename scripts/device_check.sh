@@ -73,9 +73,10 @@ python3 -m awq_fast_dequant bench --linear --no-progress --no-host \
     --json "$OUT/h200_linear.json" --plot "$OUT/h200" > "$OUT/bench_linear.txt" 2>&1
 echo "bench --linear rc $?" >> "$OUT/bench_linear.txt"
 
-# A Llama-3-8B decoder layer (AWQLinear against nn.Linear) and the checkpoint
+# A Llama-3-8B decoder layer (AWQLinear against nn.Linear), eager and under
+# torch.compile, with the kernels of one replay of each step; the checkpoint
 # converter on a synthetic 8B-sized checkpoint.
-python3 "$R/scripts/decoder_layer_bench.py" > "$OUT/decoder.txt" 2>&1
+python3 "$R/scripts/decoder_layer_bench.py" --compile --breakdown > "$OUT/decoder.txt" 2>&1
 echo "decoder bench rc $?" >> "$OUT/decoder.txt"
 python3 "$R/scripts/convert_bench.py" --device cuda > "$OUT/convert.txt" 2>&1
 echo "convert bench rc $?" >> "$OUT/convert.txt"
@@ -100,7 +101,7 @@ rm -f "$OUT/host_probe.tmp"
 sed -n '/^Dispatcher choice per M/,/^the kernel of each/p' "$OUT/bench_linear.txt"
 sed -n '/^Verdict: the targets/,/^result:/p' "$OUT/bench_linear.txt" | head -45
 grep -E "^bench --linear rc" "$OUT/bench_linear.txt"
-tail -8 "$OUT/decoder.txt"
+grep -E "ratio|^host us|rc [0-9]" "$OUT/decoder.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"

@@ -410,13 +410,14 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
 def test_decoder_layer_bench_runs_on_a_tiny_layer():
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "decoder_layer_bench.py"), "--device", "cpu",
-         "--tiny", "--trials", "2", "--repeats", "2", "--prefill", "16"],
+         "--tiny", "--trials", "2", "--repeats", "2", "--prefill", "16", "--compile"],
         capture_output=True, text=True, timeout=600, env=child_env())
     assert out.returncode == 0, out.stderr
-    assert "decode step ratio (dense / AWQ):" in out.stdout
-    assert "prefill ratio (AWQ / dense):" in out.stdout
+    for mode in ("", "torch.compile: "):
+        assert f"\n{mode}decode step ratio (dense / AWQ):" in out.stdout
+        assert f"\n{mode}prefill ratio (AWQ / dense):" in out.stdout
     errors = [float(e) for e in re.findall(r"max rel\. error (\S+)", out.stdout)]
-    assert len(errors) == 2 and max(errors) < 1e-4, out.stdout
+    assert len(errors) == 4 and max(errors) < 1e-4, out.stdout
 
 
 def test_pytorch_usage_example_runs():
