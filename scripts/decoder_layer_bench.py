@@ -36,6 +36,7 @@ import copy
 import random
 import statistics
 import time
+import warnings
 
 import torch
 import transformers
@@ -176,12 +177,14 @@ def breakdown(step, timer, label):
     step()
     timer.flush.zero_()
     timer.sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        timer.sync()
-    kernels = sorted((e for e in prof.events()
-                      if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    with warnings.catch_warnings():  # the profiler's note on clearing its events
+        warnings.simplefilter("ignore", UserWarning)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            timer.sync()
+        kernels = sorted((e for e in prof.events()
+                          if e.device_type == torch.autograd.DeviceType.CUDA),
+                         key=lambda e: e.time_range.start)
     if not kernels:
         print(f"  {label}: the profiler saw no kernels")
         return
