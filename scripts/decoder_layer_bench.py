@@ -19,6 +19,10 @@ the AWQ layer is the same layer after quantize_model (G = 128). Batch 1.
   graph the same way.
 - --breakdown: every kernel of one replay of each step, with its time, and
   the time in the projections' kernels against the rest (CUDA only).
+- --read-floor: a third decode step, the AWQ layer with each projection
+  replaced by scripts/read_floor.py's kernel, which only reads the packed
+  qweight, and a fixed output: what streaming the weights alone costs in the
+  layer, a bound no 4-bit kernel beats by much (CUDA and CuPy).
 
 Every replay is timed alone between CUDA events after an L2 flush; dense and
 AWQ alternate in a random order each trial; medians are reported, and the
@@ -28,7 +32,7 @@ weights. --device cpu --tiny runs the same steps on a small layer on the CPU
 memset before each step), to check that the script runs.
 
     python scripts/decoder_layer_bench.py [--trials 15] [--repeats 10] [--prefill 512]
-                                          [--compile] [--breakdown]
+                                          [--compile] [--breakdown] [--read-floor]
 """
 
 import argparse
@@ -71,6 +75,9 @@ def parse_args():
                     help="also time both layers under torch.compile (default off)")
     ap.add_argument("--breakdown", action="store_true",
                     help="list the kernels of one replay of each step (CUDA; default off)")
+    ap.add_argument("--read-floor", action="store_true",
+                    help="also time the decode step with read-only projections (CUDA, "
+                         "CuPy; default off)")
     return ap.parse_args()
 
 
@@ -100,6 +107,50 @@ def dense_of(quantized):
             lin.weight.data = m.dequantized_weight()
             parent, _, child = name.rpartition(".")
             setattr(twin.get_submodule(parent), child, lin)
+    return twin
+
+
+class ReadOnlyLinear(torch.nn.Module):
+    """Stands in for an AWQLinear: reads its packed qweight once with read_floor.py's
+    kernel and returns a fixed zero output of one token, so that the projection
+    costs what streaming its weights costs and nothing more."""
+
+    def __init__(self, layer, kernel, sink):
+        super().__init__()
+        import cupy
+        self.qweight = layer.qweight
+        self.words = cupy.from_dlpack(layer.qweight.detach().view(-1))
+        self.kernel, self.sink = kernel, sink
+        self.blocks = 8 * torch.cuda.get_device_properties(layer.qweight.device) \
+            .multi_processor_count  # read_floor.py's launch
+        self.out = torch.zeros(1, 1, layer.out_features, dtype=layer.scales.dtype,
+                               device=layer.qweight.device)
+
+    def forward(self, x):
+        if x.shape[:-1] != (1, 1):
+            raise ValueError("ReadOnlyLinear stands in for one token of one sequence")
+        _read_weights(self)
+        return self.out
+
+
+@torch.compiler.disable
+def _read_weights(m):
+    import cupy
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        m.kernel((m.blocks,), (256,), (m.words, cupy.uint64(m.words.size // 4), m.sink))
+
+
+def read_only_of(quantized):
+    """quantized with each AWQLinear replaced by a ReadOnlyLinear."""
+    import cupy
+    import read_floor  # beside this script
+    kernel = cupy.RawKernel(read_floor.READ_SRC, "read_only")
+    sink = cupy.zeros(1, dtype=cupy.uint32)
+    twin = copy.deepcopy(quantized)
+    for name, m in list(twin.named_modules()):
+        if isinstance(m, AWQLinear):
+            parent, _, child = name.rpartition(".")
+            setattr(twin.get_submodule(parent), child, ReadOnlyLinear(m, kernel, sink))
     return twin
 
 
@@ -167,7 +218,7 @@ def check(quantized, step_awq, dtype, rotary, tokens, hidden, device, seed):
 def kind_of(kernel):
     """'projections' for the linears' kernels (ours, cuBLAS's), 'other' for the rest."""
     name = kernel.lower()
-    linear = ("awq", "nvjet", "gemm", "splitkreduce")  # ours; cuBLAS's GEMMs and reductions
+    linear = ("awq", "nvjet", "gemm", "splitkreduce", "read_only")  # ours, cuBLAS's, --read-floor
     return "projections" if any(k in name for k in linear) else "other"
 
 
@@ -255,16 +306,27 @@ def main():
         timer, where = CpuTimer(CPU_FLUSH_BYTES), "CPU"
     print(f"LlamaDecoderLayer {dims}, G={args.group}, {str(dtype)[6:]}, {where}")
 
+    read_only = None
+    if args.read_floor:
+        if not on_cuda:
+            raise SystemExit("--read-floor needs a CUDA device")
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            raise SystemExit("--read-floor needs CuPy (the read-only kernel is a CuPy "
+                             "RawKernel)") from None
+        read_only = read_only_of(quantized)
     modes = ["eager", "torch.compile"] if args.compile else ["eager"]
     for mode in modes:
-        if mode == "eager":
-            layers = {"dense": dense, "AWQ": quantized}
-        else:
-            layers = {"dense": torch.compile(dense), "AWQ": torch.compile(quantized)}
+        layers = {"dense": dense, "AWQ": quantized}
+        if read_only is not None:
+            layers["read-only"] = read_only
+        if mode != "eager":
+            layers = {name: torch.compile(layer) for name, layer in layers.items()}
         ratios = {}
         for phase, tokens in (("decode step", 1), ("prefill", args.prefill)):
             steps = {name: Step(layer, rotary, tokens, hidden, dtype, device, args.seed)
-                     for name, layer in layers.items()}
+                     for name, layer in layers.items() if tokens == 1 or name != "read-only"}
             err = check(quantized, steps["AWQ"], dtype, rotary, tokens, hidden, device,
                         args.seed)
             samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
@@ -283,6 +345,10 @@ def main():
         prefix = "" if mode == "eager" else f"{mode}: "
         print(f"{prefix}decode step ratio (dense / AWQ): "
               f"{decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
+        if read_only is not None:
+            print(f"{prefix}decode step ratio (dense / read-only): "
+                  f"{decode['dense'] / decode['read-only']:.2f}  (weights streamed, nothing "
+                  f"computed)")
         print(f"{prefix}prefill ratio (AWQ / dense): "
               f"{prefill['AWQ'] / prefill['dense']:.3f}  (target <= 1.10)")
     if on_cuda:
