@@ -536,6 +536,33 @@ def test_quantize_model_calibration_is_gptq_of_each_layers_dense_inputs(caplog):
     assert all(not m._forward_pre_hooks for m in model.modules())
 
 
+def test_quantize_model_progress_lines_without_tqdm(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    torch.manual_seed(0)
+    model = TwoInputs()
+    calibration = [torch.randn(3, 64), torch.randn(5, 64)]
+    assert quantize_model(model, 32, calibration=calibration, progress=True) == []
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["quantize_model calibration [1/2]", "quantize_model calibration [2/2]"]
+    rounded = [re.fullmatch(r"quantize_model quantize \[(\d)/4\] (\w+) (\d+)x(\d+) [\d.]+ s", line)
+               for line in lines[2:]]
+    assert all(rounded) and len(rounded) == 4, lines
+    assert [m.group(1, 2, 3, 4) for m in rounded] == [
+        ("1", "up", "64", "96"), ("2", "side", "32", "96"), ("3", "down", "96", "16"),
+        ("4", "unused", "64", "8")]
+
+
+def test_quantize_model_progress_bar_and_silence(capsys):
+    pytest.importorskip("tqdm", reason="needs tqdm")
+    torch.manual_seed(0)
+    quantize_model(TwoInputs(), 32, calibration=iter([torch.randn(3, 64)]), progress=True)
+    err = capsys.readouterr().err
+    assert "quantize_model calibration" in err and "1input" in err.replace(" ", "")
+    assert "quantize_model quantize" in err and "4/4" in err
+    quantize_model(TwoInputs(), 32, calibration=[torch.randn(3, 64)])
+    assert capsys.readouterr().err == ""
+
+
 def test_quantize_model_calibration_errors_leave_the_model_untouched():
     def fresh():
         torch.manual_seed(0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import operator
 import re
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Mapping, Sized
 
 import torch
 from torch import nn
@@ -254,7 +256,7 @@ def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> s
 
 
 def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
-                   calibration=None, *, grid=None, act_order=None) -> list:
+                   calibration=None, *, grid=None, act_order=None, progress=False) -> list:
     """Replace, in place, every nn.Linear of `model` that fits the AWQ format
     (in_features a multiple of G, out_features a multiple of 8) by an AWQLinear
     (``AWQLinear.from_linear``).
@@ -280,6 +282,10 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     grid, act_order: quantize's options, for every layer: grid "minmax" or "mse"
     (default: "mse" with calibration, "minmax" without); act_order (default: True
     with calibration; only with calibration).
+
+    progress: show on stderr the calibration pass, input by input, then each
+    layer as it is rounded (a tqdm bar when tqdm is installed, else a line a
+    step). GPTQ takes seconds per large layer, so a whole model takes minutes.
 
     Also left dense: subclasses of nn.Linear (their forward may differ),
     layers whose weight is tied to another module's, and layers on the meta
@@ -324,7 +330,9 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     hessians: dict = {}
     if calibration is not None:
         targets = {key: m for key, m in chosen.items() if m is not None}
-        hessians, items = _input_statistics(model, targets, calibration)
+        total = len(calibration) if isinstance(calibration, Sized) else None
+        with _Progress(progress, "calibration", total, "input") as bar:
+            hessians, items = _input_statistics(model, targets, calibration, bar)
         unreached = [name for name, m in linears
                      if chosen[id(m)] is not None and id(m) not in hessians]
         for name in unreached:
@@ -336,17 +344,22 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     # Every layer is built before the first one is replaced: a layer that cannot be
     # quantized leaves the model as it was.
     new: dict = {}
-    for name, module in linears:
-        if id(module) in new or chosen[id(module)] is None:
-            continue
-        hessian = hessians.pop(id(module), None)
-        try:
-            # act_order orders by the hessian: a layer without one is rounded in row order.
-            layer = AWQLinear.from_linear(module, G, hessian=hessian, grid=grid,
-                                          act_order=act_order if hessian is not None else None)
-        except ValueError as e:
-            raise ValueError(f"{name} cannot be quantized: {e}") from e
-        new[id(module)] = layer.train(module.training)
+    to_round = sum(m is not None for m in chosen.values())
+    with _Progress(progress, "quantize", to_round, "layer") as bar:
+        for name, module in linears:
+            if id(module) in new or chosen[id(module)] is None:
+                continue
+            hessian = hessians.pop(id(module), None)
+            start = time.perf_counter()
+            try:
+                # act_order orders by the hessian: a layer without one is rounded in row order.
+                layer = AWQLinear.from_linear(module, G, hessian=hessian, grid=grid,
+                                              act_order=act_order if hessian is not None else None)
+            except ValueError as e:
+                raise ValueError(f"{name} cannot be quantized: {e}") from e
+            new[id(module)] = layer.train(module.training)
+            bar.step(f"{name} {module.in_features}x{module.out_features} "
+                     f"{time.perf_counter() - start:.1f} s")
     for name, module in linears:
         if id(module) in new:
             parent, _, child = name.rpartition(".")
@@ -374,9 +387,44 @@ def _check_calibration(calibration) -> None:
                         ) from None
 
 
-def _input_statistics(model: nn.Module, targets: dict, calibration):
+class _Progress:
+    """quantize_model's progress on stderr: a tqdm bar when tqdm is installed,
+    else a line a step; nothing when not enabled."""
+
+    def __init__(self, enabled: bool, stage: str, total, unit: str):
+        self.enabled, self.stage, self.total, self.done = bool(enabled), stage, total, 0
+        self.bar = None
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, desc=f"quantize_model {stage}", unit=unit,
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        if self.bar is not None:
+            if what:
+                self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(1)
+        elif self.enabled:
+            total = "?" if self.total is None else self.total
+            print(f"quantize_model {self.stage} [{self.done}/{total}] {what}".rstrip(),
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progress):
     """({id(layer): X^T X of its inputs}, number of inputs run) for the layers in
-    targets (id -> nn.Linear), from running `calibration` through the model."""
+    targets (id -> nn.Linear), from running `calibration` through the model;
+    bar steps once an input."""
     sums: dict = {}
 
     def record(layer, args, kwargs):
@@ -404,6 +452,7 @@ def _input_statistics(model: nn.Module, targets: dict, calibration):
                 else:
                     model(item)
                 items += 1
+                bar.step()
     finally:
         for hook in hooks:
             hook.remove()
