@@ -12,7 +12,13 @@ the AWQ layer is the same layer after quantize_model (G = 128). Batch 1.
   the ratio AWQ / dense (target: <= 1.10).
 - host overhead: microseconds per call of AWQLinear (a 4096 x 4096 layer, one
   token) against calling awq_fast_dequant.linear directly, the GPU kept busy
-  so that no call waits on it (target: within 3 us).
+  so that no call waits on it (target: within 3 us); nn.Linear of the same
+  shape, the registered op that compiled code calls, and nn.Identity (what
+  nn.Module's call costs by itself), for comparison.
+- --no-graph: the decode step also run as transformers runs it when nothing
+  captures it, launch by launch from Python: --runs steps back to back after
+  one L2 flush, timed between CUDA events, so that the host's time counts
+  where it exceeds the GPU's (CUDA only).
 - --compile: both steps again with each layer under torch.compile (the
   norms, the rotary embedding and the activation fused into a few Triton
   kernels, AWQLinear through its registered op), each captured in a CUDA
@@ -33,6 +39,7 @@ memset before each step), to check that the script runs.
 
     python scripts/decoder_layer_bench.py [--trials 15] [--repeats 10] [--prefill 512]
                                           [--compile] [--breakdown] [--read-floor]
+                                          [--no-graph [--runs 50]]
 """
 
 import argparse
@@ -78,6 +85,10 @@ def parse_args():
     ap.add_argument("--read-floor", action="store_true",
                     help="also time the decode step with read-only projections (CUDA, "
                          "CuPy; default off)")
+    ap.add_argument("--no-graph", action="store_true",
+                    help="also time the decode step without a CUDA graph (CUDA; default off)")
+    ap.add_argument("--runs", type=int, default=50,
+                    help="decode steps back to back per sample with --no-graph (default 50)")
     return ap.parse_args()
 
 
@@ -202,6 +213,29 @@ def time_pair(timer, steps, trials, repeats, seed):
     return samples
 
 
+def time_without_graph(timer, steps, trials, runs, seed):
+    """name -> us per decode step, each sample `runs` steps run back to back from
+    Python (no graph) after one L2 flush; the steps in a fresh random order each trial."""
+    rng = random.Random(seed)
+    samples = {name: [] for name in steps}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(trials):
+        order = list(steps)
+        rng.shuffle(order)
+        for name in order:
+            step = steps[name]
+            step.eager()  # the same step once more: nothing left to set up
+            timer.flush.zero_()
+            timer.sync()
+            start.record()
+            for _ in range(runs):
+                step.eager()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1000.0 / runs)
+    return samples
+
+
 def summary(samples):
     med, mean = statistics.median(samples), statistics.fmean(samples)
     flag = "  (median and mean differ by more than 15%)" if abs(mean - med) > 0.15 * med else ""
@@ -252,19 +286,28 @@ def breakdown(step, timer, label):
 
 
 def host_overhead(device, repeats):
-    """(AWQLinear us per call, linear() us per call): medians, the GPU kept busy."""
+    """case -> us per call (median), the GPU kept busy: AWQLinear, linear(),
+    nn.Linear of the same shape, the registered op (what compiled code calls), and
+    nn.Identity (nn.Module's own call, which every module pays)."""
     layer = AWQLinear.from_tensors(*_random_layer(4096, 4096, 128, device))
+    dense = torch.nn.Linear(4096, 4096, bias=False, device=device, dtype=torch.float16)
     x = torch.randn(1, 4096, device=device, dtype=torch.float16)
     qw, qz, sc = layer.qweight, layer.qzeros, layer.scales
+    op = torch.ops.awq_fast_dequant.linear.default
+    identity = torch.nn.Identity()  # what nn.Module's call costs by itself on this host
     cases = {"AWQLinear": lambda: layer(x),
-             "linear()": lambda: awq.linear(x, qw, qz, sc, None, group_size=128)}
+             "linear()": lambda: awq.linear(x, qw, qz, sc, None, group_size=128),
+             "nn.Linear": lambda: dense(x),
+             "op": lambda: op(x, qw, qz, sc, None, 128),
+             "nn.Identity": lambda: identity(x)}
     with torch.no_grad():
         for fn in cases.values():
             for _ in range(3):
                 fn()
         per_call = {name: [] for name in cases}
         for rep in range(repeats):
-            for name in list(cases)[rep % 2:] + list(cases)[:rep % 2]:
+            names = list(cases)
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
                 torch.cuda.synchronize(device)
                 torch.cuda._sleep(HOST_SLEEP_CYCLES)
                 busy = torch.cuda.Event()
@@ -341,10 +384,20 @@ def main():
                 for name, st in steps.items():
                     breakdown(st, timer, f"{name}, one replay")
             ratios[phase] = medians
+            if args.no_graph and on_cuda and tokens == 1:
+                loose = time_without_graph(timer, steps, args.trials, args.runs, args.seed)
+                print(f"{phase} without a CUDA graph ({args.runs} steps back to back from "
+                      f"Python, per step):")
+                for name, s in loose.items():
+                    medians[f"{name}, no graph"], text = summary(s)
+                    print(f"  {name:<6} {text}")
         decode, prefill = ratios["decode step"], ratios["prefill"]
         prefix = "" if mode == "eager" else f"{mode}: "
         print(f"{prefix}decode step ratio (dense / AWQ): "
               f"{decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
+        if "AWQ, no graph" in decode:
+            print(f"{prefix}decode step ratio without a CUDA graph (dense / AWQ): "
+                  f"{decode['dense, no graph'] / decode['AWQ, no graph']:.2f}")
         if read_only is not None:
             print(f"{prefix}decode step ratio (dense / read-only): "
                   f"{decode['dense'] / decode['read-only']:.2f}  (weights streamed, nothing "
@@ -355,7 +408,9 @@ def main():
         host = host_overhead(device, args.host_repeats)
         print(f"host us per call, GPU busy (4096x4096, 1 token): AWQLinear "
               f"{host['AWQLinear']:.2f}, linear() {host['linear()']:.2f}, difference "
-              f"{host['AWQLinear'] - host['linear()']:.2f}  (target <= 3)")
+              f"{host['AWQLinear'] - host['linear()']:.2f}  (target <= 3); nn.Linear "
+              f"{host['nn.Linear']:.2f}; torch.ops.awq_fast_dequant.linear {host['op']:.2f}; "
+              f"nn.Identity (a module's call alone) {host['nn.Identity']:.2f}")
 
 
 if __name__ == "__main__":
