@@ -150,7 +150,8 @@ def test_linear_op_within_tolerance(dtype):
                         None)
 
 
-def test_ops_call_the_kernel_directly_only_for_plain_tensors(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_ops_call_the_kernel_directly_only_for_plain_tensors(monkeypatch, device):
     """Without gradients, on plain tensors and with no mode active, the autograd kernel
     calls the C extension itself; a fake tensor (what torch.compile traces with) and a
     call that needs gradients go through the dispatcher below autograd."""
@@ -161,14 +162,15 @@ def test_ops_call_the_kernel_directly_only_for_plain_tensors(monkeypatch):
     real = _ops._below_autograd
     monkeypatch.setattr(_ops, "_below_autograd",
                         lambda op, *a: redispatched.append(op) or real(op, *a))
-    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128, torch.float32)
-    x = torch.randn(3, 256)
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128, dtype, device)
+    x = torch.randn(3, 256).to(device=device, dtype=dtype)
     with torch.no_grad():
         y = OPS.linear(x, qweight, qzeros, scales, bias, 128)
         w = OPS.dequantize(qweight, qzeros, scales, 128, None)
     assert redispatched == []
     assert_linear_close(y, x, qweight, qzeros, scales, bias)
-    assert torch.equal(w, reference_weight(qweight, qzeros, scales))
+    assert torch.equal(w.cpu(), reference_weight(qweight, qzeros, scales))
     assert torch.equal(OPS.linear(x, qweight, qzeros, scales, bias, 128), y)  # grad mode, none needed
     assert redispatched == []
 
@@ -179,7 +181,7 @@ def test_ops_call_the_kernel_directly_only_for_plain_tensors(monkeypatch):
         with torch.no_grad():
             y = OPS.linear(*fakes, 128)
             w = OPS.dequantize(*fakes[1:4], 128, torch.bfloat16)
-    assert y.shape == (3, 64) and y.dtype == torch.float32
+    assert y.shape == (3, 64) and y.dtype == dtype and y.device.type == device
     assert w.shape == (256, 64) and w.dtype == torch.bfloat16
     assert redispatched == [_ops._LINEAR, _ops._LINEAR, _ops._DEQUANTIZE]
 

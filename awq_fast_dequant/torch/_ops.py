@@ -12,7 +12,8 @@ The ops are defined with torch.library.Library and given their own autograd
 kernels rather than through torch.library.custom_op: compiled code calls them
 once per layer and step, and custom_op's generic Python wrappers (a pytree walk
 for requires_grad, an aliasing check, a dynamo guard) cost about 13 us a call
-on top of the 3-4 us of the call itself. Here a call without gradients is one
+on top of the 3 us of the call itself on a 2-core VM, and about 22 us on top of
+11 us on an H200 machine's host (docs/BENCHMARKS.md). Here a call without gradients is one
 Python autograd kernel, which calls the kernel itself when nothing but the
 kernel lies below autograd (plain CPU or CUDA tensors, no tracing mode) and
 redispatches otherwise.
