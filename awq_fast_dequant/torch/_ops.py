@@ -81,9 +81,9 @@ def _below_autograd(op, keyset, *args):
 # The dispatch key set of a call on plain CPU or CUDA tensors with no mode active:
 # the backend and its autograd key (ADInplaceOrView, a fallthrough for ops that
 # neither view nor mutate, is normally left out; a set that has it means the same).
-# Below autograd there is then only the kernel, which the autograd kernel calls
-# itself. Any other set -- a fake or functional tensor, a dispatch mode, mixed
-# devices -- goes through the dispatcher.
+# Below autograd there is then only the kernel, which _without_grad calls itself.
+# Any other set -- a fake or functional tensor, a dispatch mode, mixed devices --
+# goes through the dispatcher.
 _PLAIN = frozenset(
     keys.raw_repr()
     for backend, autograd in ((_C.DispatchKey.CPU, _C.DispatchKey.AutogradCPU),
@@ -92,8 +92,12 @@ _PLAIN = frozenset(
                  _C.DispatchKeySet(backend).add(autograd).add(_C.DispatchKey.ADInplaceOrView)))
 
 
-def _kernel_is_next(keyset) -> bool:
-    return keyset.raw_repr() in _PLAIN
+def _without_grad(op, kernel, keyset, *args):
+    """op on args when no gradient is needed: the kernel itself if nothing else lies
+    below autograd, else the dispatcher below autograd."""
+    if keyset.raw_repr() in _PLAIN:
+        return kernel(*args)
+    return _below_autograd(op, keyset, *args)
 
 
 # --- dequantize -------------------------------------------------------------
@@ -134,9 +138,8 @@ class _Dequantize(torch.autograd.Function):
 def _dequantize_autograd(keyset, qweight, qzeros, scales, group_size=None, out_dtype=None):
     if _C.is_grad_enabled() and scales.requires_grad:
         return _Dequantize.apply(keyset, qweight, qzeros, scales, group_size, out_dtype)
-    if _kernel_is_next(keyset):
-        return _dequantize_kernel(qweight, qzeros, scales, group_size, out_dtype)
-    return _below_autograd(_DEQUANTIZE, keyset, qweight, qzeros, scales, group_size, out_dtype)
+    return _without_grad(_DEQUANTIZE, _dequantize_kernel, keyset, qweight, qzeros, scales,
+                         group_size, out_dtype)
 
 
 _register("dequantize", _dequantize_kernel, _dequantize_fake, _dequantize_autograd)
@@ -209,9 +212,8 @@ def _linear_autograd(keyset, x, qweight, qzeros, scales, bias=None, group_size=N
     if _C.is_grad_enabled() and (x.requires_grad or scales.requires_grad
                                  or (bias is not None and bias.requires_grad)):
         return _Linear.apply(keyset, x, qweight, qzeros, scales, bias, group_size)
-    if _kernel_is_next(keyset):
-        return _linear_kernel(x, qweight, qzeros, scales, bias, group_size)
-    return _below_autograd(_LINEAR, keyset, x, qweight, qzeros, scales, bias, group_size)
+    return _without_grad(_LINEAR, _linear_kernel, keyset, x, qweight, qzeros, scales, bias,
+                         group_size)
 
 
 _register("linear", _linear_kernel, _linear_fake, _linear_autograd)
