@@ -27,6 +27,7 @@ nn = torch.nn
 from awq_fast_dequant.torch import AWQLinear, load_pretrained, parameters_on_meta  # noqa: E402
 from awq_fast_dequant.torch import quantize_model  # noqa: E402
 from awq_fast_dequant.torch import _hf  # noqa: E402
+from awq_fast_dequant.checkpoint import open_checkpoint  # noqa: E402
 
 HAS_CUDA = awq.cuda_available() and torch.cuda.is_available()
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -192,6 +193,33 @@ def test_load_pretrained_dtype(saved_llama):
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, converted(ids).logits)
+
+
+def test_load_pretrained_progress_lines_without_tqdm(saved_llama, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    folder = saved_llama[0]
+    info = open_checkpoint(folder).tensors
+    total = sum(t.nbytes for t in info.values())  # every tensor has a place in the model
+    load_pretrained(folder, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    steps = [re.fullmatch(r"load_pretrained (\d+)% \(([\d.]+ [kMG]?B) of ([\d.]+ [kMG]?B), "
+                          r"(\d+)/(\d+) tensors\)", line) for line in lines]
+    assert all(steps) and 2 <= len(steps) <= 10, lines  # a line a tenth crossed, at most
+    tenths = [int(m.group(1)) // 10 for m in steps]
+    counts = [int(m.group(4)) for m in steps]
+    assert tenths == sorted(set(tenths)) and steps[-1].group(1) == "100"
+    assert counts == sorted(set(counts)) and counts[-1] == int(steps[0].group(5)) == len(info)
+    assert {m.group(3) for m in steps} == {_hf._size(total)}
+    assert steps[-1].group(2) == _hf._size(total)
+
+
+def test_load_pretrained_progress_bar_and_silence(saved_llama, capsys):
+    pytest.importorskip("tqdm", reason="needs tqdm")
+    load_pretrained(saved_llama[0], progress=True)
+    err = capsys.readouterr().err
+    assert "load_pretrained" in err and "100%" in err
+    load_pretrained(saved_llama[0])
+    assert capsys.readouterr().err == ""
 
 
 def test_tied_embeddings_stay_tied(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -254,13 +255,62 @@ def _plan(model, checkpoint, prefix: str):
 
 # --- reading ------------------------------------------------------------------
 
-def _load(model, checkpoint, plan, slots, dtype, device) -> None:
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+class _Progress:
+    """load_pretrained's progress on stderr, over the bytes read: a tqdm bar when
+    tqdm is installed, else a line each time another tenth of them is read;
+    nothing when not enabled."""
+
+    def __init__(self, enabled: bool, total: int, tensors: int):
+        self.enabled, self.total, self.tensors = bool(enabled), total, tensors
+        self.done = self.count = self.tenths = 0
+        self.bar = None
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, desc="load_pretrained", unit="B", unit_scale=True,
+                            unit_divisor=1000, dynamic_ncols=True, file=sys.stderr)
+
+    def step(self, nbytes: int) -> None:
+        self.done += nbytes
+        self.count += 1
+        if self.bar is not None:
+            self.bar.update(nbytes)
+            return
+        percent = 100 * self.done // self.total if self.total else 100
+        if self.enabled and (percent // 10 > self.tenths or self.count == self.tensors):
+            self.tenths = percent // 10
+            print(f"load_pretrained {percent}% "
+                  f"({_size(self.done)} of {_size(self.total)}, "
+                  f"{self.count}/{self.tensors} tensors)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
     from awq_fast_dequant.checkpoint import TensorReader
 
     where = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
-    with TensorReader(checkpoint.folder, checkpoint.tensors, "pt", device=where) as reader:
+    info = checkpoint.tensors
+    total = sum(info[source].nbytes for source, _ in plan)
+    with TensorReader(checkpoint.folder, info, "pt", device=where) as reader, \
+            _Progress(progress, total, len(plan)) as bar:
         for source, names in plan:
             t = reader.get(source)
+            bar.step(info[source].nbytes)
             if t.dtype == torch.uint32:
                 t = t.view(torch.int32)  # AWQ words: the same bits, in AWQLinear's dtype
             elif t.is_floating_point() and t.dtype != dtype:
@@ -278,7 +328,7 @@ def _load(model, checkpoint, plan, slots, dtype, device) -> None:
                 module._buffers[attr] = b.to(device)
 
 
-def load_pretrained(path, *, dtype=None, device=None, model_class=None):
+def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False):
     """Load a Hugging Face AWQ checkpoint folder into its transformers model,
     with an AWQLinear for every layer the checkpoint quantizes.
 
@@ -291,6 +341,8 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None):
     model_class: the transformers class to build (e.g.
         transformers.AutoModelForCausalLM); default the first of
         config.json's architectures.
+    progress: show on stderr the bytes read so far (a tqdm bar when tqdm is
+        installed, else a line each tenth).
 
     Returns the model in eval mode, ready for generate(). Checkpoints this
     package cannot run raise ValueError (awq_fast_dequant.checkpoint's
@@ -314,7 +366,7 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None):
     _install_awq_layers(model, checkpoint, dtype, prefix)
     plan, slots = _plan(model, checkpoint, prefix)
 
-    _load(model, checkpoint, plan, slots, dtype, device)
+    _load(model, checkpoint, plan, slots, dtype, device, progress)
     if hasattr(model.config, "dtype"):
         model.config.dtype = dtype
     generation = Path(checkpoint.folder) / "generation_config.json"
