@@ -138,6 +138,34 @@ def test_dequantize_out_op_writes_out_and_rejects_bad_out():
     assert torch.all(bad == 7.0)
 
 
+def test_dequantize_out_op_bumps_the_version_of_out_once():
+    """As torch's own out= ops do, with or without grad mode and in inference mode
+    (for tensors made outside it), so that autograd refuses values it saved before."""
+    qweight, qzeros, scales, _ = layer_tensors(128, 64, 64)
+    want = reference_weight(qweight, qzeros, scales)
+    for context in (torch.enable_grad, torch.no_grad, torch.inference_mode):
+        out = torch.zeros(128, 64, dtype=torch.float16)
+        with context():
+            OPS.dequantize_out(qweight, qzeros, scales, out)
+        assert out._version == 1 and torch.equal(out, want), context
+    bad = torch.zeros(64, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="out"):
+        OPS.dequantize_out(qweight, qzeros, scales, bad)
+    assert bad._version == 0 and torch.all(bad == 0)
+    with torch.inference_mode():
+        fresh = torch.empty(128, 64, dtype=torch.float16)  # an inference tensor: no version
+        OPS.dequantize_out(qweight, qzeros, scales, fresh)
+    assert torch.equal(fresh, want)
+
+    a = torch.randn(128, 64, requires_grad=True)
+    buf = torch.ones(128, 64)
+    y = (a * buf).sum()  # saves buf for the gradient of a
+    with torch.inference_mode():
+        OPS.dequantize_out(qweight, qzeros, scales, buf)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 def test_linear_op_within_tolerance(dtype):
     qweight, qzeros, scales, bias = layer_tensors(384, 72, 128, dtype)

@@ -162,11 +162,21 @@ def _dequantize_out_autograd(keyset, qweight, qzeros, scales, out, group_size=No
         raise RuntimeError("dequantize_out(): functions with out=... arguments don't support "
                            "automatic differentiation, but one of the arguments requires grad.")
     _below_autograd(_DEQUANTIZE_OUT, keyset, qweight, qzeros, scales, out, group_size)
-    torch.autograd.graph.increment_version(out)  # out changed: what autograd saved of it is stale
+
+
+def _dequantize_out_inplace_or_view(keyset, qweight, qzeros, scales, out, group_size=None):
+    # out has changed: bump its version, as torch's own out= ops do, so that
+    # autograd refuses to use what it saved of the old values. This key runs below
+    # autograd and, for tensors that are not inference tensors, in inference mode too.
+    with _C._AutoDispatchBelowADInplaceOrView():
+        _DEQUANTIZE_OUT.redispatch(keyset & _C._after_ADInplaceOrView_keyset, qweight, qzeros,
+                                   scales, out, group_size)
+    torch.autograd.graph.increment_version(out)
 
 
 _register("dequantize_out", _dequantize_out_kernel, _dequantize_out_fake,
           _dequantize_out_autograd)
+_lib.impl("dequantize_out", _dequantize_out_inplace_or_view, "ADInplaceOrView", with_keyset=True)
 
 
 # --- linear -----------------------------------------------------------------
