@@ -276,7 +276,12 @@ def test_compile_fullgraph_module_with_awq_linear():
     x = torch.randn(2, 7, 256)
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        want = model(x)
+        torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        assert torch.equal(model(x), want)
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), want, rtol=1e-5,
+                                   atol=1e-5)
     # gradients through the compiled module reach x
     xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
     compiled(xs).pow(2).sum().backward()
@@ -331,6 +336,8 @@ def test_eager_forward_calls_the_extension_and_compile_or_grad_the_op(monkeypatc
     assert calls == [1] and y.requires_grad  # autograd needs the op's backward
     with torch.no_grad():
         layer(x.clone().requires_grad_())
+    with torch.inference_mode():
+        assert layer(x).is_inference()
     assert calls == [1]
     layer.scales.requires_grad_()
     assert layer(x).requires_grad and calls == [1, 1]
