@@ -343,6 +343,40 @@ def test_eager_forward_calls_the_extension_and_compile_or_grad_the_op(monkeypatc
     assert layer(x).requires_grad and calls == [1, 1]
 
 
+def test_awq_linear_goes_through_the_op_where_torch_must_see_it():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        want = layer(x)
+        with Seen() as mode:  # a dispatch mode sees the layer's one op
+            got = layer(x)
+        assert mode.ops == [OPS.linear.default] and torch.equal(got, want)
+        with FlopCounterMode(display=False) as flops:  # counted as the dense matmul
+            layer(x)
+        assert flops.get_total_flops() == 2 * 3 * 256 * 64
+        with FakeTensorMode():  # shapes only, nothing read
+            fake = make_awq(dtype=torch.float32)(torch.randn(2, 5, 256))
+        assert isinstance(fake, FakeTensor) and fake.shape == (2, 5, 64)
+        meta = AWQLinear(256, 64, 128, dtype=torch.bfloat16, device="meta")
+        y = meta(torch.randn(4, 256, dtype=torch.bfloat16, device="meta"))
+        assert y.is_meta and y.shape == (4, 64) and y.dtype == torch.bfloat16
+        with pytest.raises(TypeError, match="meta"):  # real x, weights never loaded
+            meta(torch.randn(4, 256, dtype=torch.bfloat16))
+
+
 def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():
     qweight, qzeros, scales, b = layer_tensors(256, 64, 128, torch.bfloat16)
     layer = AWQLinear.from_tensors(qweight, qzeros, scales, b)

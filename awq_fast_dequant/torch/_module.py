@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sized
 
 import torch
-from torch import nn
+from torch import _C, nn
 
 import awq_fast_dequant as _afd
 from awq_fast_dequant.quant import _check_act_order, _check_grid
@@ -27,6 +27,7 @@ _SCALE_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
 _dequantize = _afd.dequantize
+_TENSOR = torch.Tensor
 
 
 def _positive(value, name: str) -> int:
@@ -80,9 +81,10 @@ class AWQLinear(nn.Module):
 
     In eager mode forward calls the C extension directly; under torch.compile
     it calls the registered op ``torch.ops.awq_fast_dequant.linear``, which
-    torch.compile traces without a graph break. Gradients flow to x (and to
-    scales and bias if they are made to require grad); the packed weights are
-    constants.
+    torch.compile traces without a graph break, and so it does under a dispatch
+    mode, for a tensor subclass or a meta x, and when autograd records the
+    call. Gradients flow to x (and to scales and bias if they are made to
+    require grad); the packed weights are constants.
     """
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 128,
@@ -106,13 +108,24 @@ class AWQLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self._buffers  # one dict lookup instead of four nn.Module.__getattr__ calls
         scales, bias = b["scales"], b["bias"]
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
-                x.requires_grad or scales.requires_grad
-                or (bias is not None and bias.requires_grad))):
+        # The registered op wherever torch must see the call: under torch.compile or
+        # export, under a dispatch mode (FakeTensorMode, FlopCounterMode, ...), for a
+        # tensor subclass, and when autograd has to record it. is_compiling() comes
+        # first: torch.compile folds it to True and traces none of the rest.
+        if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack()
+                or type(x) is not _TENSOR or (torch.is_grad_enabled() and (
+                    x.requires_grad or scales.requires_grad
+                    or (bias is not None and bias.requires_grad)))):
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
-        return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
+        try:
+            return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
+        except TypeError:
+            if not x.is_meta:
+                raise
+        # x on the meta device: the op's fake kernel gives the output, as nn.Linear does
+        return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, hessian=None,

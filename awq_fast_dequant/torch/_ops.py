@@ -21,8 +21,11 @@ redispatches otherwise.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import _C
+from torch.utils.flop_counter import register_flop_formula
 
 import awq_fast_dequant as _afd
 
@@ -227,3 +230,10 @@ def _linear_autograd(keyset, x, qweight, qzeros, scales, bias=None, group_size=N
 
 
 _register("linear", _linear_kernel, _linear_fake, _linear_autograd)
+
+
+@register_flop_formula(torch.ops.awq_fast_dequant.linear)
+def _linear_flops(x_shape, qweight_shape, *args, out_shape=None, **kwargs) -> int:
+    """For torch.utils.flop_counter: the multiply-adds of x @ W, as for a dense matmul
+    (the dequantization is not counted)."""
+    return 2 * math.prod(x_shape) * out_shape[-1]
