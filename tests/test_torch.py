@@ -375,6 +375,8 @@ def test_awq_linear_goes_through_the_op_where_torch_must_see_it():
         assert y.is_meta and y.shape == (4, 64) and y.dtype == torch.bfloat16
         with pytest.raises(TypeError, match="meta"):  # real x, weights never loaded
             meta(torch.randn(4, 256, dtype=torch.bfloat16))
+        batched = torch.func.vmap(layer)(torch.stack([x, 2 * x]))  # x as torch.func wraps it
+        assert torch.equal(batched[0], want) and torch.equal(batched[1], layer(2 * x))
 
 
 def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():

@@ -82,8 +82,8 @@ class AWQLinear(nn.Module):
     In eager mode forward calls the C extension directly; under torch.compile
     it calls the registered op ``torch.ops.awq_fast_dequant.linear``, which
     torch.compile traces without a graph break, and so it does under a dispatch
-    mode, for a tensor subclass or a meta x, and when autograd records the
-    call. Gradients flow to x (and to scales and bias if they are made to
+    mode, for a tensor subclass, a meta x or one torch.func wraps (vmap), and
+    when autograd records the call. Gradients flow to x (and to scales and bias if they are made to
     require grad); the packed weights are constants.
     """
 
@@ -122,9 +122,10 @@ class AWQLinear(nn.Module):
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
-            if not x.is_meta:
+            if not (x.is_meta or _C._functorch.is_functorch_wrapped_tensor(x)):
                 raise
-        # x on the meta device: the op's fake kernel gives the output, as nn.Linear does
+        # x without memory of its own: on the meta device (the op's fake kernel gives the
+        # output, as nn.Linear does) or wrapped by torch.func (vmap, grad)
         return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
 
     @classmethod
