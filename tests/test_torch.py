@@ -379,6 +379,32 @@ def test_awq_linear_goes_through_the_op_where_torch_must_see_it():
         assert torch.equal(batched[0], want) and torch.equal(batched[1], layer(2 * x))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_awq_linear_under_autocast_computes_in_its_own_dtype(device):
+    """x of another dtype is cast to the scales' dtype, whatever autocast's dtype: the
+    weights are the layer's own; the output has the scales' dtype, as without autocast."""
+    layer = make_awq(dtype=torch.bfloat16, device=device)
+    x = torch.randn(3, 256, device=device)
+    with torch.no_grad():
+        want = layer(x.bfloat16())
+        for dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast(device, dtype=dtype):
+                assert torch.equal(layer(x), want), dtype
+                assert torch.equal(OPS.linear(x, layer.qweight, layer.qzeros, layer.scales,
+                                              layer.bias.float(), 128), want)
+                assert torch.equal(torch.compile(layer, fullgraph=True)(x), want)
+        with pytest.raises(TypeError, match="dtype"):  # without autocast x must match
+            layer(x)
+    xs = x.clone().requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = layer(xs)
+    y.float().sum().backward()  # the gradient flows back through the cast, to float32
+    W = layer.dequantized_weight().float()
+    assert xs.grad.dtype == torch.float32
+    torch.testing.assert_close(xs.grad, W.sum(dim=0).bfloat16().float().expand(3, -1),
+                               rtol=2e-2, atol=1e-3)
+
+
 def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():
     qweight, qzeros, scales, b = layer_tensors(256, 64, 128, torch.bfloat16)
     layer = AWQLinear.from_tensors(qweight, qzeros, scales, b)

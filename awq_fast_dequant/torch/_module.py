@@ -122,10 +122,12 @@ class AWQLinear(nn.Module):
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
-            if not (x.is_meta or _C._functorch.is_functorch_wrapped_tensor(x)):
+            if not (x.is_meta or _C._functorch.is_functorch_wrapped_tensor(x) or (
+                    x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
                 raise
         # x without memory of its own: on the meta device (the op's fake kernel gives the
-        # output, as nn.Linear does) or wrapped by torch.func (vmap, grad)
+        # output, as nn.Linear does) or wrapped by torch.func (vmap, grad); or x of
+        # another dtype under torch.autocast, which the op casts to the scales' dtype
         return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
 
     @classmethod

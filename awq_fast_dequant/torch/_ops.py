@@ -232,6 +232,26 @@ def _linear_autograd(keyset, x, qweight, qzeros, scales, bias=None, group_size=N
 _register("linear", _linear_kernel, _linear_fake, _linear_autograd)
 
 
+def _autocast_kernel(key):
+    """linear's kernel for one autocast key: x (and bias) cast to the layer's own dtype,
+    the scales', whatever autocast's dtype -- the weights are not recast -- then the op
+    again with that key off, above autograd, so that gradients flow through the cast."""
+    off = _C.DispatchKeySet(key)
+
+    def kernel(x, qweight, qzeros, scales, bias=None, group_size=None):
+        if x.is_floating_point() and x.dtype != scales.dtype:
+            x = x.to(scales.dtype)
+        if bias is not None and bias.is_floating_point() and bias.dtype != scales.dtype:
+            bias = bias.to(scales.dtype)
+        with _C._ExcludeDispatchKeyGuard(off):
+            return _LINEAR(x, qweight, qzeros, scales, bias, group_size)
+    return kernel
+
+
+for _key in ("AutocastCPU", "AutocastCUDA"):
+    _lib.impl("linear", _autocast_kernel(getattr(_C.DispatchKey, _key)), _key)
+
+
 @register_flop_formula(torch.ops.awq_fast_dequant.linear)
 def _linear_flops(x_shape, qweight_shape, *args, out_shape=None, **kwargs) -> int:
     """For torch.utils.flop_counter: the multiply-adds of x @ W, as for a dense matmul
