@@ -75,6 +75,14 @@ def tensor_nbytes(dtype: str, shape) -> int:
     return n
 
 
+def format_nbytes(nbytes: int) -> str:
+    """A byte count for people: "1.68 MB", "4.52 GB", "800 bytes"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"
+
+
 _WORD_CODES = ("I32", "U32")
 _SCALE_CODES = ("F16", "BF16", "F32")
 SCALE_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}

@@ -47,6 +47,7 @@ from .checkpoint import (
     CheckpointError,
     QuantizedLayer,
     TensorInfo,
+    format_nbytes,
     open_checkpoint,
     tensor_nbytes,
 )
@@ -104,16 +105,9 @@ class ConvertStats:
     def summary(self) -> str:
         return (f"converted {self.layers} layers to {self.dtype} ({self.layout} layout) on "
                 f"{self.device}, copied {self.tensors_copied} tensors and {self.files_copied} "
-                f"files: {_size(self.bytes_written)} written in {self.seconds:.2f} s "
+                f"files: {format_nbytes(self.bytes_written)} written in {self.seconds:.2f} s "
                 f"({self.gbps:.2f} GB/s), {100 * self.dequantize_share:.1f}% of the time in "
                 "dequantize")
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} bytes"
 
 
 @dataclass(frozen=True)

@@ -308,8 +308,8 @@ def host_overhead(device, repeats):
             for _ in range(3):
                 fn()
         per_call = {name: [] for name in cases}
+        names = list(cases)
         for rep in range(repeats):
-            names = list(cases)
             for name in names[rep % len(names):] + names[:rep % len(names)]:
                 torch.cuda.synchronize(device)
                 torch.cuda._sleep(HOST_SLEEP_CYCLES)

@@ -27,7 +27,7 @@ nn = torch.nn
 from awq_fast_dequant.torch import AWQLinear, load_pretrained, parameters_on_meta  # noqa: E402
 from awq_fast_dequant.torch import quantize_model  # noqa: E402
 from awq_fast_dequant.torch import _hf  # noqa: E402
-from awq_fast_dequant.checkpoint import open_checkpoint  # noqa: E402
+from awq_fast_dequant.checkpoint import format_nbytes, open_checkpoint  # noqa: E402
 
 HAS_CUDA = awq.cuda_available() and torch.cuda.is_available()
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -209,8 +209,8 @@ def test_load_pretrained_progress_lines_without_tqdm(saved_llama, capsys, monkey
     counts = [int(m.group(4)) for m in steps]
     assert tenths == sorted(set(tenths)) and steps[-1].group(1) == "100"
     assert counts == sorted(set(counts)) and counts[-1] == int(steps[0].group(5)) == len(info)
-    assert {m.group(3) for m in steps} == {_hf._size(total)}
-    assert steps[-1].group(2) == _hf._size(total)
+    assert {m.group(3) for m in steps} == {format_nbytes(total)}
+    assert steps[-1].group(2) == format_nbytes(total)
 
 
 def test_load_pretrained_progress_bar_and_silence(saved_llama, capsys):

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
+from awq_fast_dequant.checkpoint import format_nbytes
 
 from ._module import AWQLinear, _scale_dtype
 
@@ -255,13 +256,6 @@ def _plan(model, checkpoint, prefix: str):
 
 # --- reading ------------------------------------------------------------------
 
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"
-
-
 class _Progress:
     """load_pretrained's progress on stderr, over the bytes read: a tqdm bar when
     tqdm is installed, else a line each time another tenth of them is read;
@@ -289,7 +283,7 @@ class _Progress:
         if self.enabled and (percent // 10 > self.tenths or self.count == self.tensors):
             self.tenths = percent // 10
             print(f"load_pretrained {percent}% "
-                  f"({_size(self.done)} of {_size(self.total)}, "
+                  f"({format_nbytes(self.done)} of {format_nbytes(self.total)}, "
                   f"{self.count}/{self.tensors} tensors)", file=sys.stderr, flush=True)
 
     def __enter__(self):
