@@ -46,6 +46,7 @@ __all__ = [
     "TensorReader",
     "open_checkpoint",
     "open_safetensors",
+    "check_folder_config",
     "DTYPE_SIZES",
 ]
 
@@ -558,6 +559,38 @@ def open_safetensors(src) -> tuple[Path, dict]:
     return folder, tensors
 
 
+def _folder_config(folder: Path) -> tuple[dict, AWQConfig, str, set]:
+    """config.json of a checkpoint folder, its validated quantization settings
+    (config.json's quantization_config, else AutoAWQ's quant_config.json), where
+    those came from, and the names of the files read."""
+    config_path = folder / CONFIG_NAME
+    if not config_path.is_file():
+        raise CheckpointFileError(
+            f"no {CONFIG_NAME} in {folder}: not a Hugging Face checkpoint folder "
+            "(pass a .safetensors file and its group size instead)")
+    config = _read_json(config_path, "config")
+    if not isinstance(config, dict):
+        raise CheckpointFileError(f"{config_path} must hold a JSON object")
+    own = {CONFIG_NAME}
+    qc, source = config.get("quantization_config"), f"{config_path}: quantization_config"
+    autoawq_path = folder / AUTOAWQ_CONFIG_NAME
+    if autoawq_path.is_file():
+        own.add(AUTOAWQ_CONFIG_NAME)
+        if qc is None:
+            qc, source = _read_json(autoawq_path, "AutoAWQ config"), str(autoawq_path)
+    if qc is None:
+        raise NotAWQCheckpointError(
+            f"{config_path} has no quantization_config: not a quantized checkpoint")
+    return config, AWQConfig.from_dict(qc, source), source, own
+
+
+def check_folder_config(folder) -> AWQConfig:
+    """The quantization settings of the checkpoint folder `folder`, validated
+    from its configuration files alone (no tensor file is read): raises
+    CheckpointError as open_checkpoint does for them."""
+    return _folder_config(Path(folder))[1]
+
+
 def open_checkpoint(src, *, group_size=None) -> Checkpoint:
     """Read and validate the AWQ checkpoint at `src` (a folder or a .safetensors file).
 
@@ -574,25 +607,7 @@ def open_checkpoint(src, *, group_size=None) -> Checkpoint:
     own = set()
     if path.is_dir():
         folder = path
-        config_path = folder / CONFIG_NAME
-        if not config_path.is_file():
-            raise CheckpointFileError(
-                f"no {CONFIG_NAME} in {folder}: not a Hugging Face checkpoint folder "
-                "(pass a .safetensors file and its group size instead)")
-        config = _read_json(config_path, "config")
-        if not isinstance(config, dict):
-            raise CheckpointFileError(f"{config_path} must hold a JSON object")
-        own.add(CONFIG_NAME)
-        qc, source = config.get("quantization_config"), f"{config_path}: quantization_config"
-        autoawq_path = folder / AUTOAWQ_CONFIG_NAME
-        if autoawq_path.is_file():
-            own.add(AUTOAWQ_CONFIG_NAME)
-            if qc is None:
-                qc, source = _read_json(autoawq_path, "AutoAWQ config"), str(autoawq_path)
-        if qc is None:
-            raise NotAWQCheckpointError(
-                f"{config_path} has no quantization_config: not a quantized checkpoint")
-        quant = AWQConfig.from_dict(qc, source)
+        config, quant, source, own = _folder_config(folder)
         if G_arg is not None and G_arg != quant.group_size:
             raise CheckpointError(
                 f"group_size {G_arg} disagrees with {source}'s group_size {quant.group_size}")
