@@ -3,6 +3,7 @@ save_pretrained and read back by load_pretrained; what load_pretrained refuses a
 the decoder-layer benchmark script on a tiny layer; the PyTorch example."""
 
 import copy
+import fnmatch
 import json
 import re
 import shutil
@@ -410,6 +411,79 @@ def test_bad_arguments(saved_llama):
         load_pretrained(folder, device="tpu")
     with pytest.raises(ValueError, match="no such file or folder"):
         load_pretrained(folder / "nowhere")
+
+
+# --- a checkpoint on the Hugging Face Hub (the download faked: no network) -----------------
+
+@pytest.fixture
+def fake_hub(saved_llama, tmp_path, monkeypatch):
+    """huggingface_hub.snapshot_download serving repositories from local folders: each call
+    copies the files of allow_patterns into the repository's snapshot folder, as the Hub's
+    cache would hold them, and is recorded as (repo_id, revision, patterns)."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    repos = {"owner/tiny-llama-awq": saved_llama[0],
+             "owner/three-bits": edited_copy(saved_llama[0], tmp_path / "bits", {"bits": 3})}
+    calls = []
+
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, **kw):
+        calls.append((repo_id, revision, tuple(allow_patterns)))
+        if repo_id not in repos:
+            raise OSError(f"404 Client Error: Repository Not Found for url: "
+                          f"https://huggingface.co/api/models/{repo_id}")
+        snapshot = tmp_path / "hub" / repo_id.replace("/", "--") / (revision or "main")
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for f in Path(repos[repo_id]).iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copyfile(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+def test_a_hub_repository_id_is_downloaded_and_loaded(saved_llama, fake_hub):
+    folder, model = saved_llama
+    loaded = load_pretrained("owner/tiny-llama-awq", revision="v1")
+    (repo, revision, configs), (_, _, everything) = fake_hub
+    assert repo == "owner/tiny-llama-awq" and revision == "v1"
+    assert "config.json" in configs and not any(p.endswith(".safetensors") for p in configs)
+    assert "*.safetensors" in everything
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+
+
+def test_a_hub_checkpoint_that_cannot_run_is_refused_before_its_weights_download(fake_hub):
+    with pytest.raises(ValueError, match="bits is 3"):
+        load_pretrained("owner/three-bits")
+    assert len(fake_hub) == 1 and not any(p.endswith(".safetensors") for p in fake_hub[0][2])
+
+
+def test_a_repository_the_hub_does_not_give_is_a_clear_error(fake_hub):
+    with pytest.raises(ValueError, match=r"owner/nowhere: no such file or folder, and no "
+                       r"checkpoint of that name could be downloaded.*Repository Not Found"):
+        load_pretrained("owner/nowhere")
+    assert [c[0] for c in fake_hub] == ["owner/nowhere"]
+
+
+def test_a_local_folder_is_never_looked_up_on_the_hub(saved_llama, fake_hub, tmp_path,
+                                                        monkeypatch):
+    shutil.copytree(saved_llama[0], tmp_path / "owner" / "tiny-llama-awq")
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(load_pretrained("owner/tiny-llama-awq"), transformers.LlamaForCausalLM)
+    for not_an_id in ("owner/tiny/llama", "./owner/nowhere", str(tmp_path / "nowhere")):
+        with pytest.raises(ValueError, match="no such file or folder"):
+            load_pretrained(not_an_id)
+    with pytest.raises(ValueError, match="revision is for a Hugging Face Hub repository id"):
+        load_pretrained("owner/tiny-llama-awq", revision="v1")
+    assert fake_hub == []
+
+
+def test_bad_arguments_are_refused_before_a_download(fake_hub):
+    with pytest.raises(ValueError, match="device must"):
+        load_pretrained("owner/tiny-llama-awq", device="tpu")
+    with pytest.raises(TypeError, match="dtype must be"):
+        load_pretrained("owner/tiny-llama-awq", dtype=torch.float64)
+    assert fake_hub == []
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")

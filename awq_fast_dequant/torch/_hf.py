@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
-from awq_fast_dequant.checkpoint import format_nbytes
+from awq_fast_dequant.checkpoint import CheckpointFileError, check_folder_config, format_nbytes
 
 from ._module import AWQLinear, _scale_dtype
 
@@ -322,13 +324,55 @@ def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
                 module._buffers[attr] = b.to(device)
 
 
-def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False):
+# --- a checkpoint on the Hugging Face Hub ---------------------------------------------
+
+# A Hub repository id: "owner/name", each part letters, digits, '-', '_' or '.'.
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+# What load_pretrained reads of a repository, the small files first.
+_HUB_CONFIG_FILES = ("config.json", "quant_config.json", "generation_config.json",
+                     "model.safetensors.index.json")
+_HUB_WEIGHT_FILES = ("*.safetensors",)
+
+
+def _checkpoint_path(path, revision):
+    """path itself when it names a local file or folder (or cannot name a Hub repository);
+    else the folder huggingface_hub downloads the repository `path` into (its cache, shared
+    with transformers): the configuration files first, checked, so that a checkpoint this
+    package cannot run is refused before its weights are downloaded, then the .safetensors
+    files. Nothing is downloaded that the cache already holds."""
+    local = isinstance(path, (str, os.PathLike)) and Path(path).exists()
+    if local or not (isinstance(path, str) and _REPO_ID.fullmatch(path)):
+        if revision is not None:
+            raise ValueError(f"revision is for a Hugging Face Hub repository id; {path!r} is "
+                             + ("a local path" if local else "not one ('owner/name')"))
+        return path
+    hub = _require("huggingface_hub")
+
+    def fetch(patterns):
+        try:
+            return Path(hub.snapshot_download(path, revision=revision,
+                                              allow_patterns=list(patterns)))
+        except (OSError, ValueError) as e:  # not found, gated, offline and not cached, no network
+            raise CheckpointFileError(
+                f"{path}: no such file or folder, and no checkpoint of that name could be "
+                f"downloaded from the Hugging Face Hub ({type(e).__name__}: {e})") from e
+
+    check_folder_config(fetch(_HUB_CONFIG_FILES))
+    return fetch(_HUB_CONFIG_FILES + _HUB_WEIGHT_FILES)
+
+
+def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
+                    revision=None):
     """Load a Hugging Face AWQ checkpoint folder into its transformers model,
     with an AWQLinear for every layer the checkpoint quantizes.
 
     path: a folder with config.json (quantization_config: quant_method "awq",
         bits 4, zero_point true, version "gemm") and model.safetensors, or
-        shards listed in model.safetensors.index.json.
+        shards listed in model.safetensors.index.json; or, where no such
+        folder exists, the id of such a repository on the Hugging Face Hub
+        ("owner/name"), downloaded with huggingface_hub into its cache (its
+        configuration first: a checkpoint that cannot be run is refused before
+        its weights are downloaded).
     dtype: of scales, bias and every other floating-point tensor the
         checkpoint holds; default the scales' dtype.
     device: where the model goes ("cpu", "cuda", "cuda:1"); default the CPU.
@@ -336,7 +380,10 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
         transformers.AutoModelForCausalLM); default the first of
         config.json's architectures.
     progress: show on stderr the bytes read so far (a tqdm bar when tqdm is
-        installed, else a line each tenth).
+        installed, else a line each tenth). A download shows huggingface_hub's
+        own progress bars, whatever this says.
+    revision: the branch, tag or commit of a Hub repository; default its main
+        branch.
 
     Returns the model in eval mode, ready for generate(). Checkpoints this
     package cannot run raise ValueError (awq_fast_dequant.checkpoint's
@@ -347,10 +394,12 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     _require("safetensors")
     from awq_fast_dequant.checkpoint import open_checkpoint
 
-    checkpoint = open_checkpoint(path)
+    device = _target_device(device)  # the arguments first: a download may take long
+    if dtype is not None:
+        dtype = _scale_dtype(dtype)
+    checkpoint = open_checkpoint(_checkpoint_path(path, revision))
     if checkpoint.config is None:
         raise ValueError(f"{path}: load_pretrained needs a checkpoint folder with config.json")
-    device = _target_device(device)
     dtype = _target_dtype(dtype, checkpoint)
 
     config = transformers.AutoConfig.from_pretrained(str(checkpoint.folder))
