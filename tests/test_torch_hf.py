@@ -124,8 +124,10 @@ def greedy_agrees_up_to_a_near_tie(got, want, model, dense_model):
     where they differ, the dense model (on the common prefix) ranks the two tokens within
     the sum of their logits' tolerances, and model's own logits there lie within theirs.
     bfloat16 keeps 8 bits of mantissa: two models that round differently may break such
-    a tie either way, and the sequences go separate ways after it. Returns the number
-    of rows that parted."""
+    a tie either way, and the sequences go separate ways after it. The tolerance is a
+    bound, not the error seen: in bfloat16 it spans the gap between the two best tokens
+    at most positions, so this only refuses a token that the dense model ranks clearly
+    lower. Returns the number of rows that parted."""
     assert got.shape == want.shape
     parted = 0
     for row in range(want.shape[0]):
@@ -541,16 +543,24 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     assert every_layer_within_linear_tolerance(loaded, ids) == 14
     with torch.no_grad():
         logits_within_linear_tolerance(loaded(ids).logits, twin, ids)
+    # float16: the greedy sequences agree token for token; bfloat16 may break a near-tie
+    # the other way (greedy_agrees_up_to_a_near_tie)
+    def agree(got, want):
+        if dtype == torch.float16:
+            assert torch.equal(got, want)
+        else:
+            greedy_agrees_up_to_a_near_tie(got, want, loaded, twin)
+
     a = generate(loaded, ids)
     b = generate(twin, ids)
-    greedy_agrees_up_to_a_near_tie(a, b, loaded, twin)
+    agree(a, b)
     compiled = torch.compile(loaded, fullgraph=True)
     with torch.no_grad():
         logits_within_linear_tolerance(compiled(ids, use_cache=False).logits, twin, ids)
     # a static cache makes generate() compile the forward and run it under CUDA graphs,
     # which computes attention and the norms with other kernels than the eager twin
     c = generate(loaded, ids, cache_implementation="static")
-    greedy_agrees_up_to_a_near_tie(c, b, loaded, twin)
+    agree(c, b)
 
 
 # --- the benchmark script and the example -------------------------------------------
