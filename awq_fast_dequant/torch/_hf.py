@@ -1,8 +1,12 @@
-"""load_pretrained: a Hugging Face AWQ checkpoint folder -> a transformers model with AWQLinear layers.
+"""load_pretrained: a Hugging Face AWQ checkpoint -> a transformers model with AWQLinear layers.
 
 The steps, in order, so that every error comes before the first byte is
 allocated on the target device:
 
+0. A Hugging Face Hub repository id, rather than a folder, is downloaded into
+   huggingface_hub's cache: its configuration files first, checked as in step 1
+   (a checkpoint that cannot be run is refused before its weights download),
+   then its .safetensors files.
 1. awq_fast_dequant.checkpoint validates the folder: the quantization_config
    (4 bits, zero point, the "gemm" version), the shards and their index, and
    every quantized layer's dtypes and shapes against the group size.
