@@ -35,7 +35,16 @@ import torch
 from torch import nn
 
 import awq_fast_dequant as _afd
-from awq_fast_dequant.checkpoint import CheckpointFileError, check_folder_config, format_nbytes
+from awq_fast_dequant.checkpoint import (
+    AUTOAWQ_CONFIG_NAME,
+    CONFIG_NAME,
+    INDEX_NAME,
+    CheckpointFileError,
+    TensorReader,
+    check_folder_config,
+    format_nbytes,
+    open_checkpoint,
+)
 
 from ._module import AWQLinear, _scale_dtype
 
@@ -301,8 +310,6 @@ class _Progress:
 
 
 def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
-    from awq_fast_dequant.checkpoint import TensorReader
-
     where = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
     info = checkpoint.tensors
     total = sum(info[source].nbytes for source, _ in plan)
@@ -333,8 +340,7 @@ def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
 # A Hub repository id: "owner/name", each part letters, digits, '-', '_' or '.'.
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 # What load_pretrained reads of a repository, the small files first.
-_HUB_CONFIG_FILES = ("config.json", "quant_config.json", "generation_config.json",
-                     "model.safetensors.index.json")
+_HUB_CONFIG_FILES = (CONFIG_NAME, AUTOAWQ_CONFIG_NAME, "generation_config.json", INDEX_NAME)
 _HUB_WEIGHT_FILES = ("*.safetensors",)
 
 
@@ -396,8 +402,6 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     """
     transformers = _require("transformers")
     _require("safetensors")
-    from awq_fast_dequant.checkpoint import open_checkpoint
-
     device = _target_device(device)  # the arguments first: a download may take long
     if dtype is not None:
         dtype = _scale_dtype(dtype)
