@@ -289,39 +289,50 @@ def test_compile_fullgraph_module_with_awq_linear():
     torch.testing.assert_close(xs.grad, xe.grad, rtol=1e-4, atol=1e-5)
 
 
-def exported_awq_model():
-    """A small model with an AWQLinear and one input, exported with a dynamic batch."""
+EXPORT_DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+
+
+def exported_awq_model(device):
+    """A small model with an AWQLinear and one input, exported with a dynamic batch
+    (float32 on the CPU, float16 on CUDA)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64))
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64)).to(device, dtype)
     assert quantize_model(model, 64) == []
-    x = torch.randn(3, 256)
+    x = torch.randn(3, 256, device=device, dtype=dtype)
     program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     return model, program
 
 
-def test_torch_export_traces_awq_linear_to_the_linear_op(tmp_path):
-    model, program = exported_awq_model()
+@pytest.mark.parametrize("device", EXPORT_DEVICES)
+def test_torch_export_traces_awq_linear_to_the_linear_op(tmp_path, device):
+    model, program = exported_awq_model(device)
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     assert calls.count(OPS.linear.default) == 2
     torch.export.save(program, tmp_path / "model.pt2")
     loaded = torch.export.load(tmp_path / "model.pt2")
     for batch in (3, 5):  # the traced batch and another
-        x = torch.randn(batch, 256)
+        x = torch.randn(batch, 256, device=device, dtype=model[0].scales.dtype)
         with torch.no_grad():
             want = model(x)
         assert torch.equal(program.module()(x), want)
         assert torch.equal(loaded.module()(x), want)
 
 
-def test_aotinductor_compiles_an_exported_awq_model(tmp_path):
-    model, program = exported_awq_model()
+@pytest.mark.parametrize("device", EXPORT_DEVICES)
+def test_aotinductor_compiles_an_exported_awq_model(tmp_path, device):
+    model, program = exported_awq_model(device)
     package = torch._inductor.aoti_compile_and_package(
         program, package_path=str(tmp_path / "model.pt2"))
     runner = torch._inductor.aoti_load_package(package)
+    # its own kernels for the rest of the model may round differently (float16 on CUDA)
+    tol = 1e-5 if device == "cpu" else 2e-3
     for batch in (3, 5):
-        x = torch.randn(batch, 256)
+        x = torch.randn(batch, 256, device=device, dtype=model[0].scales.dtype)
         with torch.no_grad():
-            torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
+            got = runner(x)
+            assert got.device == x.device and got.dtype == x.dtype
+            torch.testing.assert_close(got, model(x), rtol=tol, atol=tol)
 
 
 # --- AWQLinear ----------------------------------------------------------------
