@@ -293,13 +293,14 @@ def test_compile_fullgraph_module_with_awq_linear():
 EXPORT_DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
 
 
-def exported_awq_model(device):
-    """A small model with an AWQLinear and one input, exported with a dynamic batch
-    (float32 on the CPU, float16 on CUDA)."""
+def exported_awq_model(device, quantize=True):
+    """A small model with an AWQLinear (nn.Linear with quantize=False) and one input,
+    exported with a dynamic batch (float32 on the CPU, float16 on CUDA)."""
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.float16
     model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64)).to(device, dtype)
-    assert quantize_model(model, 64) == []
+    if quantize:
+        assert quantize_model(model, 64) == []
     x = torch.randn(3, 256, device=device, dtype=dtype)
     program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     return model, program
@@ -320,27 +321,18 @@ def test_torch_export_traces_awq_linear_to_the_linear_op(tmp_path, device):
         assert torch.equal(loaded.module()(x), want)
 
 
-# AOTInductor in a child process: a crash in torch's loader must not take the test
-# session down with it. The child compiles the model of exported_awq_model (or the
+# AOTInductor in a child process: a crash in torch's loader must not take the whole
+# pytest run down with it. The child compiles the model of exported_awq_model (or the
 # same model left dense, with "dense"), loads the package and checks runner(x)
 # against model(x); its own kernels for the rest of the model may round
 # differently (float16 on CUDA).
 AOTI_CHILD = """
 import sys
 import torch
-from torch import nn
 sys.path.insert(0, sys.argv[4])
 from test_torch import exported_awq_model
 device, kind, folder = sys.argv[1:4]
-if kind == "awq":
-    model, program = exported_awq_model(device)
-else:
-    torch.manual_seed(0)
-    dtype = torch.float32 if device == "cpu" else torch.float16
-    model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64)).to(device, dtype)
-    x = torch.randn(3, 256, device=device, dtype=dtype)
-    program = torch.export.export(model, (x,),
-                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+model, program = exported_awq_model(device, quantize=kind == "awq")
 package = torch._inductor.aoti_compile_and_package(program, package_path=folder + "/m.pt2")
 runner = torch._inductor.aoti_load_package(package)
 tol = 1e-5 if device == "cpu" else 2e-3
