@@ -5,6 +5,7 @@ the decoder-layer benchmark script on a tiny layer; the PyTorch example."""
 import copy
 import fnmatch
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -287,6 +288,40 @@ def test_tied_embeddings_stay_tied(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+def test_tied_config_with_a_different_lm_head_in_the_checkpoint_unties_them(saved_llama, tmp_path,
+                                                                           caplog):
+    """config.json ties lm_head to the embeddings, but the checkpoint holds an lm_head.weight
+    of its own: each is read from its own tensor, with a warning naming both. An
+    lm_head.weight equal to the embeddings stays tied."""
+    folder, model = saved_llama
+    untied = edited_copy(folder, tmp_path / "untied")
+    data = json.loads((untied / "config.json").read_text())
+    data["tie_word_embeddings"] = True
+    (untied / "config.json").write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
+        loaded = load_pretrained(untied)
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert "lm_head.weight" not in loaded.all_tied_weights_keys  # init_weights() keeps them apart
+    assert ("LlamaForCausalLM ties model.embed_tokens.weight and lm_head.weight, but the "
+            "checkpoint holds them with different values; each is read from its own tensor, "
+            "untied") in caplog.text
+    assert "no place" not in caplog.text  # lm_head.weight is read
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+    caplog.clear()
+    same = edited_copy(untied, tmp_path / "same",
+                       change={"lm_head.weight": model.model.embed_tokens.weight.detach().clone()})
+    with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
+        tied = load_pretrained(same)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert torch.equal(tied.lm_head.weight, model.model.embed_tokens.weight)
+    assert caplog.text == ""
+
+
 def test_sharded_checkpoint_with_index(tmp_path):
     model = small_llama(seed=1)
     quantize_model(model, 64)
@@ -325,6 +360,33 @@ def test_model_class_argument(saved_llama):
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
+
+
+def test_a_quantized_lm_head_is_left_out_of_the_base_model(tmp_path, caplog):
+    """The body of a checkpoint whose lm_head is quantized loads into LlamaModel, the head's
+    tensors reported as unread like dense ones; a quantized layer of the body that the model
+    lacks is still an error (config.json is not the checkpoint's)."""
+    model = small_llama()
+    assert quantize_model(model, 128, skip=None) == []
+    folder = tmp_path / "ckpt"
+    model.save_pretrained(folder)
+    assert isinstance(load_pretrained(folder).lm_head, AWQLinear)
+    ids = prompt()
+    for cls in (transformers.LlamaModel, transformers.AutoModel):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
+            body = load_pretrained(folder, model_class=cls)
+        assert type(body) is transformers.LlamaModel
+        assert ("3 checkpoint tensors have no place in LlamaModel and are not read: "
+                "lm_head.qweight, lm_head.qzeros, lm_head.scales") in caplog.text
+        with torch.no_grad():
+            assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
+    data = json.loads((folder / "config.json").read_text())
+    data["num_hidden_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"quantizes layer 'model.layers.1.mlp.down_proj', "
+                                         r"which LlamaModel does not have"):
+        load_pretrained(folder, model_class=transformers.LlamaModel)
 
 
 # --- what load_pretrained refuses, and before what --------------------------
@@ -403,6 +465,52 @@ def test_dense_tensor_of_the_wrong_shape_is_refused(saved_llama, tmp_path, monke
                          change={"model.norm.weight": torch.ones(128)})
     with pytest.raises(ValueError, match=r"model.norm.weight: checkpoint \[128\], model \[256\]"):
         load_pretrained(folder)
+
+
+@pytest.mark.parametrize("dtype, code", [(torch.int32, "I32"), (torch.bool, "BOOL")], ids=str)
+def test_dense_tensor_of_another_dtype_kind_is_refused_before_reading(saved_llama, tmp_path,
+                                                                      monkeypatch, dtype, code):
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt",
+                         change={"model.norm.weight": torch.ones(256, dtype=dtype)})
+    with pytest.raises(ValueError, match=rf"model.norm.weight is {code}, but LlamaForCausalLM's "
+                                         r"model.norm.weight is a floating-point parameter "
+                                         r"\(torch.float32\), which needs a floating-point tensor"):
+        load_pretrained(folder)
+
+
+class LlamaWithAStepCount(transformers.LlamaForCausalLM):
+    """A model with an integer buffer that its checkpoints hold."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("steps", torch.zeros(2, dtype=torch.int64))
+
+
+def test_float_tensor_for_an_integer_buffer_is_refused_before_reading(saved_llama, tmp_path,
+                                                                      monkeypatch):
+    counted = edited_copy(saved_llama[0], tmp_path / "ints",
+                          change={"steps": torch.tensor([3, 4])})
+    assert load_pretrained(counted, model_class=LlamaWithAStepCount).steps.tolist() == [3, 4]
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    folder = edited_copy(saved_llama[0], tmp_path / "floats", change={"steps": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"steps is F32, but LlamaWithAStepCount's steps is an "
+                                         r"integer buffer \(torch.int64\), which needs an "
+                                         r"integer tensor"):
+        load_pretrained(folder, model_class=LlamaWithAStepCount)
+
+
+def test_malformed_generation_config_is_refused_before_reading(saved_llama, tmp_path,
+                                                               monkeypatch):
+    folder = edited_copy(saved_llama[0], tmp_path / "ckpt")
+    (folder / "generation_config.json").write_text('{"max_new_tokens": 7}')
+    assert load_pretrained(folder).generation_config.max_new_tokens == 7
+    monkeypatch.setattr(_hf, "_load", lambda *a: pytest.fail("read tensors"))
+    for text in ("{", "[1, 2]"):
+        (folder / "generation_config.json").write_text(text)
+        with pytest.raises(ValueError, match=r"generation_config.json: transformers cannot read "
+                                             r"it as a generation config"):
+            load_pretrained(folder)
 
 
 def test_bad_arguments(saved_llama):

@@ -16,7 +16,8 @@ allocated on the target device:
    in the checkpoint).
 3. Each module the checkpoint quantizes becomes an AWQLinear (still on meta),
    and every parameter and persistent buffer of the model is matched to a
-   checkpoint tensor of the same shape; a missing one is an error.
+   checkpoint tensor of the same shape and kind of dtype; a missing one is an
+   error. generation_config.json, when the model has a use for it, is read here.
 4. Tensors are read one at a time through safetensors (memory-mapped, straight
    to the device) and put in place of the meta tensors.
 """
@@ -196,10 +197,18 @@ def _model_name(ckpt_name: str, model_names, prefix: str):
 
 def _install_awq_layers(model, checkpoint, dtype, prefix: str) -> None:
     modules = dict(model.named_modules())
+    # A checkpoint saved from a model with a head names its body's tensors under the base
+    # model's prefix; what lies outside it is the head, which a model without one (the
+    # base model class) has no place for. Its layers are left out, as its dense tensors
+    # are, and _plan reports their tensors as unread. A layer inside the body that the
+    # model lacks means config.json does not describe the checkpoint.
+    headed = bool(prefix) and any(n.startswith(prefix + ".") for n in checkpoint.tensors)
     for layer in checkpoint.layers:
         name = _model_name(layer.prefix, modules, prefix)
         module = modules.get(name) if name is not None else None
         if module is None:
+            if headed and not layer.prefix.startswith(prefix + "."):
+                continue
             raise ValueError(
                 f"the checkpoint quantizes layer {layer.prefix!r}, which {type(model).__name__} "
                 "does not have (is config.json the checkpoint's own?)")
@@ -234,39 +243,129 @@ def _slots(model):
     return slots, holders
 
 
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "boolean"
+    if dtype.is_complex:
+        return "complex"
+    return "floating-point" if dtype.is_floating_point else "integer"
+
+
+def _code_kind(code: str) -> str:
+    """_dtype_kind for a safetensors dtype code ("F16", "BF16", "F8_E4M3", "I32", ...)."""
+    if code == "BOOL":
+        return "boolean"
+    if code.startswith("C"):
+        return "complex"
+    return "floating-point" if code.startswith(("F", "BF")) else "integer"
+
+
+def _same_bytes(folder: Path, a, b) -> bool:
+    """Whether the checkpoint tensors a and b (TensorInfo) hold the same dtype, shape and
+    bytes. The files are compared a chunk at a time, so that no tensor is allocated."""
+    if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
+        return False
+    chunk = 1 << 24
+    with open(Path(folder) / a.file, "rb") as fa, open(Path(folder) / b.file, "rb") as fb:
+        fa.seek(a.offset)
+        fb.seek(b.offset)
+        left = a.nbytes
+        while left:
+            n = min(chunk, left)
+            if fa.read(n) != fb.read(n):
+                return False
+            left -= n
+    return True
+
+
+def _too_many(items) -> str:
+    return "; ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+
 def _plan(model, checkpoint, prefix: str):
-    """[(checkpoint name, [model names])], after checking names and shapes."""
+    """[(checkpoint name, [model names])], after checking names, shapes and dtypes."""
     tensors = checkpoint.tensors
+    cls = type(model).__name__
     slots, holders = _slots(model)
-    plan, missing, wrong, used = [], [], [], set()
+    groups, missing, wrong, kinds = [], [], [], []
     for names in holders.values():
-        # A tied tensor is read once, under the first of its names the checkpoint holds.
-        sources = [s for s in (_checkpoint_name(n, tensors, prefix) for n in names) if s]
-        source = sources[0] if sources else None
-        module, attr, _ = slots[names[0]]
+        found = {n: _checkpoint_name(n, tensors, prefix) for n in names}
+        sources = list(dict.fromkeys(s for s in found.values() if s))
+        module, attr, is_parameter = slots[names[0]]
         current = getattr(module, attr)
-        if source is None:
+        if not sources:
             if current.is_meta:
                 missing.append(names[0])
             continue  # a buffer the model built, which the checkpoint leaves out
-        info = tensors[source]
-        if tuple(info.shape) != tuple(current.shape):
-            wrong.append(f"{source}: checkpoint {list(info.shape)}, model {list(current.shape)}")
-        used.update(sources)
-        plan.append((source, names))
+        # Every tensor that may be read into this slot is checked, also a tied twin.
+        for source in sources:
+            info = tensors[source]
+            if tuple(info.shape) != tuple(current.shape):
+                wrong.append(f"{source}: checkpoint {list(info.shape)}, "
+                             f"model {list(current.shape)}")
+            kind = _dtype_kind(current.dtype)
+            if _code_kind(info.dtype) != kind:
+                # _load converts only between floating-point dtypes; any other mismatch is
+                # refused here, before a tensor is read.
+                a = "an" if kind[0] in "aeiou" else "a"
+                kinds.append(f"{source} is {info.dtype}, but {cls}'s {names[0]} is {a} {kind} "
+                             f"{'parameter' if is_parameter else 'buffer'} ({current.dtype}), "
+                             f"which needs {a} {kind} tensor")
+        groups.append((names, found, sources))
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ValueError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{more}, "
-                         f"which {type(model).__name__} needs")
+                         f"which {cls} needs")
     if wrong:
-        more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
-        raise ValueError(f"tensor shapes disagree with the model: {'; '.join(wrong[:5])}{more}")
+        raise ValueError(f"tensor shapes disagree with the model: {_too_many(wrong)}")
+    if kinds:
+        raise ValueError(f"tensor dtypes disagree with the model: {_too_many(kinds)}")
+
+    plan, used = [], set()
+    for names, found, sources in groups:
+        if len(sources) == 1 or all(_same_bytes(checkpoint.folder, tensors[sources[0]],
+                                                 tensors[s]) for s in sources[1:]):
+            # A tied tensor is read once, under the first of its names the checkpoint holds;
+            # the other copies hold the same values.
+            plan.append((sources[0], names))
+            used.update(sources)
+            continue
+        # The model ties tensors that the checkpoint holds with different values: config.json
+        # ties what the weights do not (tie_word_embeddings). As transformers does, each slot
+        # gets its own tensor; a name the checkpoint lacks stays with the first one found.
+        by_slot = {}
+        for n in names:
+            module, attr, _ = slots[n]
+            by_slot.setdefault((id(module), attr), []).append(n)
+        by_source = {}
+        for slot_names in by_slot.values():
+            source = next((found[n] for n in slot_names if found[n]), sources[0])
+            by_source.setdefault(source, []).extend(slot_names)
+        if len(by_source) > 1:
+            logger.warning(
+                "load_pretrained: %s ties %s, but the checkpoint holds them with different "
+                "values; each is read from its own tensor, untied (does config.json's "
+                "tie_word_embeddings describe this checkpoint?)",
+                cls, " and ".join(by_source))
+            _untie(model, names)
+        plan.extend(by_source.items())
+        used.update(by_source)
     unused = sorted(set(tensors) - used)
     if unused:
         logger.warning("load_pretrained: %d checkpoint tensors have no place in %s and are not "
                        "read: %s%s", len(unused), type(model).__name__, ", ".join(unused[:5]),
                        " ..." if len(unused) > 5 else "")
     return plan, slots
+
+
+def _untie(model, names) -> None:
+    """Drops the pairs among `names` from transformers' record of the model's tied
+    weights (all_tied_weights_keys), so that its own re-tying (init_weights) leaves
+    them apart, as its from_pretrained does when it finds them different in a checkpoint."""
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(tied, dict):
+        for target in [t for t, s in tied.items() if t in names and s in names]:
+            del tied[target]
 
 
 # --- reading ------------------------------------------------------------------
@@ -416,12 +515,16 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     prefix = getattr(model, "base_model_prefix", "") or ""
     _install_awq_layers(model, checkpoint, dtype, prefix)
     plan, slots = _plan(model, checkpoint, prefix)
+    generation = Path(checkpoint.folder) / "generation_config.json"
+    if generation.is_file() and hasattr(model, "generation_config"):
+        try:
+            model.generation_config = transformers.GenerationConfig.from_pretrained(
+                str(checkpoint.folder))
+        except (OSError, ValueError, TypeError) as e:  # not JSON, or fields of the wrong type
+            raise CheckpointFileError(f"{generation}: transformers cannot read it as a "
+                                      f"generation config ({type(e).__name__}: {e})") from e
 
     _load(model, checkpoint, plan, slots, dtype, device, progress)
     if hasattr(model.config, "dtype"):
         model.config.dtype = dtype
-    generation = Path(checkpoint.folder) / "generation_config.json"
-    if generation.is_file() and hasattr(model, "generation_config"):
-        model.generation_config = transformers.GenerationConfig.from_pretrained(
-            str(checkpoint.folder))
     return model.eval()
