@@ -237,6 +237,99 @@ def test_op_gradients_match_a_dense_float32_model():
     torch.testing.assert_close(gw[1], want[1], rtol=1e-5, atol=1e-5)
 
 
+def dense_weight(qweight, qzeros, scales):
+    """W [K, N] = (q - z) * s in float32 torch ops, differentiable in the scales."""
+    G = qweight.shape[0] // scales.shape[0]
+    offsets = (nibbles(qweight) - nibbles(qzeros).repeat_interleave(G, 0)).float()
+    return offsets * scales.float().repeat_interleave(G, 0)
+
+
+def test_op_forward_mode_tangents_match_a_dense_float32_model():
+    """forward_ad tangents of x, scales and bias, each alone and all together, are those
+    of x @ W + bias written with torch ops; dequantize's tangent in the scales too."""
+    import torch.autograd.forward_ad as fwAD
+
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 64, torch.float32)
+    x = torch.randn(2, 5, 256)
+    gen = torch.Generator().manual_seed(1)
+    tangents = [torch.randn(t.shape, generator=gen) for t in (x, scales, bias)]
+
+    def jvp(fn, which):
+        with fwAD.dual_level():
+            args = [fwAD.make_dual(t, dt) if i in which else t
+                    for i, (t, dt) in enumerate(zip((x, scales, bias), tangents))]
+            primal, tangent = fwAD.unpack_dual(fn(*args))
+        assert tangent is not None, which
+        return primal, tangent
+
+    dense = lambda xs, ss, bs: xs @ dense_weight(qweight, qzeros, ss) + bs
+    for which in ({0}, {1}, {2}, {0, 1, 2}):
+        primal, got = jvp(lambda xs, ss, bs: OPS.linear(xs, qweight, qzeros, ss, bs, 64), which)
+        assert torch.equal(primal, OPS.linear(x, qweight, qzeros, scales, bias, 64))
+        torch.testing.assert_close(got, jvp(dense, which)[1], rtol=1e-5, atol=1e-5)
+    _, got = jvp(lambda xs, ss, bs: OPS.dequantize(qweight, qzeros, ss, 64, torch.bfloat16), {1})
+    assert got.dtype == torch.bfloat16
+    want = dense_weight(qweight, qzeros, tangents[1]).bfloat16()
+    assert torch.equal(got, want)  # linear in the scales: dequantize of their tangent
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="forward-mode tangent"):
+        OPS.dequantize_out(qweight, qzeros, fwAD.make_dual(scales, tangents[1]),
+                           torch.empty(256, 64), 64)
+
+
+# Inputs the C core refuses: (op, which argument to replace, with what, the exception).
+BAD_OP_CALLS = [
+    ("linear", 0, lambda x: torch.randn(4, 100), ValueError),             # K
+    ("linear", 0, lambda x: x.double(), TypeError),                        # x's dtype
+    ("linear", 0, lambda x: x[0, 0], ValueError),                          # 0-D x
+    ("linear", 1, lambda qw: qw.float(), TypeError),                       # packed words
+    ("linear", 2, lambda qz: qz[:, :4].contiguous(), ValueError),          # qzeros' columns
+    ("linear", 3, lambda s: s.half(), TypeError),                          # scales vs x
+    ("linear", 3, lambda s: s[:1].contiguous(), ValueError),               # rows
+    ("linear", 4, lambda b: b[:8].contiguous(), ValueError),               # bias' shape
+    ("linear", 4, lambda b: b.half(), TypeError),                          # bias' dtype
+    ("linear", 5, lambda g: 64, ValueError),                               # group_size
+    ("dequantize", 0, lambda qw: qw[0].contiguous(), ValueError),          # 1-D qweight
+    ("dequantize", 2, lambda s: s.int(), TypeError),                       # scales' dtype
+    ("dequantize", 4, lambda d: torch.float64, TypeError),                 # out_dtype
+    ("dequantize_out", 3, lambda out: out.t().contiguous(), ValueError),   # out's shape
+    ("dequantize_out", 3, lambda out: out.int(), TypeError),               # out's dtype
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_OP_CALLS)))
+def test_fake_and_meta_kernels_refuse_what_the_kernels_refuse(case):
+    """The same exception, word for word, from the real kernel, on meta tensors and under
+    FakeTensorMode: a meta layer or a traced program fails where eager mode fails."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    name, index, change, error = BAD_OP_CALLS[case]
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128, torch.float32)
+    args = {"linear": [torch.randn(4, 256), qweight, qzeros, scales, bias, 128],
+            "dequantize": [qweight, qzeros, scales, 128, None],
+            "dequantize_out": [qweight, qzeros, scales, torch.empty(256, 64), 128]}[name]
+    args[index] = change(args[index])
+    op = getattr(OPS, name).default
+    with pytest.raises(error) as real:
+        op(*args)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(error) as on_meta:
+        op(*meta)
+    with FakeTensorMode() as mode, pytest.raises(error) as fake:
+        op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    assert str(on_meta.value) == str(fake.value) == str(real.value)
+
+
+def test_meta_layer_and_export_refuse_x_of_the_wrong_width():
+    meta = AWQLinear(256, 64, 128, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="x's last dimension must be K = 256"):
+        meta(torch.randn(4, 100, dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(TypeError, match="scales must have x's dtype float32"):
+        meta(torch.randn(4, 256, device="meta"))
+    layer = make_awq(dtype=torch.float32)
+    with pytest.raises(ValueError, match="x's last dimension must be K = 256"):
+        torch.export.export(layer, (torch.randn(4, 100),))
+
+
 def graph_ops(gm):
     """The ops a traced graph calls, as packets (torch.ops.ns.name)."""
     return {getattr(n.target, "_overloadpacket", n.target) for n in gm.graph.nodes
@@ -483,6 +576,88 @@ def test_awq_linear_under_autocast_computes_in_its_own_dtype(device):
                                rtol=2e-2, atol=1e-3)
 
 
+def test_awq_linear_forward_mode_ad_is_that_of_its_dense_weight():
+    """jacfwd (torch.func) and forward_ad's dual tensors, in eager mode, where forward
+    would otherwise call the C extension, which knows nothing of tangents."""
+    import torch.autograd.forward_ad as fwAD
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    layer = AWQLinear.from_linear(nn.Linear(256, 64), 128)
+    x = torch.randn(256)
+    dense = lambda v: F.linear(v, layer.dequantized_weight(), layer.bias)
+    jacobian = torch.func.jacfwd(layer)(x)
+    assert jacobian.abs().max() > 0
+    torch.testing.assert_close(jacobian, torch.func.jacfwd(dense)(x), rtol=1e-5, atol=1e-6)
+    xs, v = torch.randn(3, 256), torch.randn(3, 256)
+    with torch.no_grad(), fwAD.dual_level():
+        primal, tangent = fwAD.unpack_dual(layer(fwAD.make_dual(xs, v)))
+    assert torch.equal(primal, layer(xs))
+    assert tangent is not None
+    torch.testing.assert_close(tangent, v @ layer.dequantized_weight().t(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_awq_linear_scales_and_bias_may_be_parameters():
+    """nn.Module moves a buffer it is given an nn.Parameter for into _parameters: the
+    layer computes the same, and the gradients reach the parameters."""
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        want = layer(x)
+    layer.bias = nn.Parameter(layer.bias.clone())
+    assert [name for name, _ in layer.named_parameters()] == ["bias"]
+    y = layer(x)
+    assert torch.equal(y, want)
+    y.sum().backward()
+    assert torch.equal(layer.bias.grad, torch.full((64,), 3.0))
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)
+
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128, torch.float32)
+    params = AWQLinear.from_tensors(qweight, qzeros, nn.Parameter(scales.clone()),
+                                    nn.Parameter(bias.clone()))
+    assert {name for name, _ in params.named_parameters()} == {"scales", "bias"}
+    params(x).pow(2).sum().backward()
+    ss, bs = scales.clone().requires_grad_(), bias.clone().requires_grad_()
+    (x @ dense_weight(qweight, qzeros, ss) + bs).pow(2).sum().backward()
+    torch.testing.assert_close(params.scales.grad, ss.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(params.bias.grad, bs.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_awq_linear_vmap_over_stacked_buffers():
+    """torch.func.functional_call with buffers that vmap wraps: the op, not the C call."""
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(3, 256)
+    stacked = torch.stack([layer.scales, 2 * layer.scales])
+    got = torch.func.vmap(
+        lambda s: torch.func.functional_call(layer, {"scales": s}, (x,)))(stacked)
+    double = AWQLinear.from_tensors(layer.qweight, layer.qzeros, 2 * layer.scales, layer.bias)
+    with torch.no_grad():
+        assert torch.equal(got[0], layer(x)) and torch.equal(got[1], double(x))
+
+
+def test_awq_linear_dequantized_weight_has_gradients_and_a_meta_shape():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    layer = make_awq(dtype=torch.float32)
+    layer.scales.requires_grad_()
+    w = layer.dequantized_weight()
+    assert w.requires_grad
+    weights = torch.linspace(-1, 1, w.numel()).reshape(w.shape)
+    (w * weights).sum().backward()
+    scales = layer.scales.detach().clone().requires_grad_()
+    (dense_weight(layer.qweight, layer.qzeros, scales).t() * weights).sum().backward()
+    torch.testing.assert_close(layer.scales.grad, scales.grad, rtol=1e-5, atol=1e-5)
+
+    meta = AWQLinear(256, 64, 128, dtype=torch.bfloat16, device="meta")
+    w = meta.dequantized_weight(torch.float32)
+    assert w.is_meta and w.shape == (64, 256) and w.dtype == torch.float32
+    with FakeTensorMode():
+        w = make_awq(dtype=torch.float32).dequantized_weight()
+    assert isinstance(w, FakeTensor) and w.shape == (64, 256)
+
+
 def test_awq_linear_dequantized_weight_is_the_nn_linear_weight():
     qweight, qzeros, scales, b = layer_tensors(256, 64, 128, torch.bfloat16)
     layer = AWQLinear.from_tensors(qweight, qzeros, scales, b)
@@ -503,6 +678,25 @@ def test_awq_linear_state_dict_round_trip():
         assert torch.equal(fresh.state_dict()[name], t), name
     x = torch.randn(3, 256).to(torch.bfloat16)
     assert torch.equal(fresh(x), layer(x))
+
+
+def test_awq_linear_load_state_dict_refuses_packed_words_of_another_dtype():
+    """copy_ would convert the values: float or int64 words would load as other words."""
+    source = make_awq(dtype=torch.float32, seed=3).state_dict()
+    for name, dtype in (("qweight", torch.float32), ("qzeros", torch.int64),
+                        ("qweight", torch.uint32)):
+        layer = make_awq(dtype=torch.float32)
+        before = {k: v.clone() for k, v in layer.state_dict().items()}
+        bad = dict(source, **{name: source[name].to(dtype)})
+        with pytest.raises(RuntimeError, match=rf"{name} must be int32 .*holds {dtype}"):
+            layer.load_state_dict(bad)
+        assert all(torch.equal(v, before[k]) for k, v in layer.state_dict().items())
+    with pytest.raises(RuntimeError, match=r"view\(torch.int32\)"):
+        layer.load_state_dict(dict(source, qzeros=source["qzeros"].view(torch.uint32)))
+    nested = nn.Sequential(make_awq(dtype=torch.float32))
+    with pytest.raises(RuntimeError, match=r"0\.qweight must be int32"):
+        nested.load_state_dict({f"0.{k}": v.float() if k == "qweight" else v
+                                for k, v in source.items()})
 
 
 def test_awq_linear_dtype_conversion_keeps_the_packed_words():
@@ -555,6 +749,14 @@ def test_from_tensors_rejects_bad_tensors_and_leaves_them_untouched():
         ((qweight, qzeros, scales, bias.float()), TypeError, "bias must have the dtype"),
         ((qweight, qzeros, scales.numpy()), TypeError, "scales must be a torch.Tensor"),
         ((qweight, qzeros, scales.to("meta")), ValueError, "one device"),
+        ((qweight, None, scales), TypeError, "qzeros must be a torch.Tensor; got NoneType"),
+        ((qweight, qzeros, scales, [0.0] * 64), TypeError, "bias must be a torch.Tensor or None"),
+        # held as they are: the eager forward reads C-contiguous memory only
+        ((qweight.t().contiguous().t(), qzeros, scales), ValueError,
+         r"qweight must be contiguous .*pass qweight.contiguous\(\)"),
+        ((qweight, qzeros, scales.t().contiguous().t()), ValueError, "scales must be contiguous"),
+        ((qweight, qzeros, scales, torch.cat([bias, bias])[::2]), ValueError,
+         "bias must be contiguous"),
     ]
     for args, exc, message in cases:
         with pytest.raises(exc, match=message):
@@ -687,6 +889,64 @@ def test_quantize_model_errors():
     with pytest.raises(ValueError, match="group_size must be positive"):
         quantize_model(nn.Sequential(nn.Linear(128, 64)), group_size=0)
 
+
+def test_quantize_model_skips_a_shared_module_if_any_of_its_names_matches():
+    for skip in ("enc", "dec"):
+        shared = nn.Linear(128, 64)
+        model = nn.Module()
+        model.enc, model.dec = nn.Sequential(shared), nn.Sequential(shared)
+        assert quantize_model(model, 64, skip=skip) == [
+            (f"{skip}.0", f"matches skip pattern {skip!r}")]
+        assert model.enc[0] is shared and model.dec[0] is shared
+
+
+def test_quantize_model_refuses_skip_of_another_type():
+    model = nn.Sequential(nn.Linear(128, 64))
+    for skip, got in ((lambda name: True, "function"), (3, "int"), (b"lm_head", "bytes")):
+        with pytest.raises(TypeError, match=f"skip must be a string, a compiled regular "
+                                            f"expression or an iterable of them.*got {got}$"):
+            quantize_model(model, 64, skip=skip)
+    assert type(model[0]) is nn.Linear
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_quantize_model_leaves_empty_layers_dense():
+    model = nn.Sequential(nn.Linear(128, 0), nn.Linear(0, 64), nn.Linear(128, 64))
+    assert quantize_model(model, -1) == [
+        ("0", "it has no weights (in_features 128, out_features 0)"),
+        ("1", "it has no weights (in_features 0, out_features 64)")]
+    assert type(model[0]) is nn.Linear and type(model[1]) is nn.Linear
+    assert isinstance(model[2], AWQLinear)
+
+
+class TwoParts(nn.Module):
+    """A Hugging Face-style model (config.to_dict) quantized in parts."""
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"to_dict": lambda self: {}})()
+        self.first = nn.Linear(128, 64)
+        self.second = nn.Linear(128, 64)
+        self.lm_head = nn.Linear(128, 64)
+
+
+def test_quantize_model_in_parts_describes_the_whole_model():
+    """A second call keeps the first call's layers out of modules_to_not_convert, which
+    lists only what is still dense, and refuses another group size before any change."""
+    torch.manual_seed(0)
+    model = TwoParts()
+    quantize_model(model, 64, skip=["second", "lm_head"])
+    assert model.config.quantization_config["modules_to_not_convert"] == ["second", "lm_head"]
+    quantize_model(model, 64, skip=["first", "lm_head"])
+    assert isinstance(model.first, AWQLinear) and isinstance(model.second, AWQLinear)
+    config = dict(model.config.quantization_config)
+    assert config == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+                      "version": "gemm", "modules_to_not_convert": ["lm_head"]}
+
+    with pytest.raises(ValueError, match="group_size 128 differs from 64, .*pass group_size=64"):
+        quantize_model(model, 128, skip=())
+    assert type(model.lm_head) is nn.Linear and model.config.quantization_config == config
+    assert quantize_model(model, 64, skip=()) == []
+    assert model.config.quantization_config["modules_to_not_convert"] is None
 
 
 class TwoInputs(nn.Module):

@@ -7,7 +7,7 @@ import operator
 import re
 import sys
 import time
-from collections.abc import Mapping, Sized
+from collections.abc import Iterable, Mapping, Sized
 
 import torch
 from torch import _C, nn
@@ -26,8 +26,9 @@ _SCALE_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
 
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
-_dequantize = _afd.dequantize
 _TENSOR = torch.Tensor
+_FWAD = _ops.FWAD
+_is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
 
 
 def _positive(value, name: str) -> int:
@@ -82,9 +83,10 @@ class AWQLinear(nn.Module):
     In eager mode forward calls the C extension directly; under torch.compile
     it calls the registered op ``torch.ops.awq_fast_dequant.linear``, which
     torch.compile traces without a graph break, and so it does under a dispatch
-    mode, for a tensor subclass, a meta x or one torch.func wraps (vmap), and
-    when autograd records the call. Gradients flow to x (and to scales and bias if they are made to
-    require grad); the packed weights are constants.
+    mode, for a tensor subclass, a meta x or one torch.func wraps (vmap), inside
+    a forward-mode AD level, and when autograd records the call. Gradients, and
+    forward-mode tangents, flow to x (and to scales and bias if they are made to
+    require grad, or made nn.Parameters); the packed weights are constants.
     """
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 128,
@@ -107,13 +109,23 @@ class AWQLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self._buffers  # one dict lookup instead of four nn.Module.__getattr__ calls
-        scales, bias = b["scales"], b["bias"]
+        try:
+            scales, bias = b["scales"], b["bias"]
+        except KeyError:
+            # scales or bias made an nn.Parameter (layer.bias = nn.Parameter(...)), which
+            # nn.Module keeps in _parameters: the attributes, through the op, which
+            # records the gradient.
+            return _ops.linear(x, self.qweight, self.qzeros, self.scales, self.bias,
+                               self.group_size)
         # The registered op wherever torch must see the call: under torch.compile or
         # export, under a dispatch mode (FakeTensorMode, FlopCounterMode, ...), for a
-        # tensor subclass, and when autograd has to record it. is_compiling() comes
-        # first: torch.compile folds it to True and traces none of the rest.
+        # tensor subclass, inside a forward-mode AD level (x or a buffer may carry a
+        # tangent; forward_ad keeps the level in a module global, -1 outside any), and
+        # when autograd has to record it. is_compiling() comes first: torch.compile
+        # folds it to True and traces none of the rest.
         if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack()
-                or type(x) is not _TENSOR or (torch.is_grad_enabled() and (
+                or type(x) is not _TENSOR or _FWAD._current_level >= 0
+                or (torch.is_grad_enabled() and (
                     x.requires_grad or scales.requires_grad
                     or (bias is not None and bias.requires_grad)))):
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
@@ -122,11 +134,14 @@ class AWQLinear(nn.Module):
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
-            if not (x.is_meta or _C._functorch.is_functorch_wrapped_tensor(x) or (
-                    x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
+            if not (x.is_meta or _is_functorch_wrapped(x)
+                    or any(t is not None and _is_functorch_wrapped(t)
+                           for t in (b["qweight"], b["qzeros"], scales, bias))
+                    or (x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
                 raise
         # x without memory of its own: on the meta device (the op's fake kernel gives the
-        # output, as nn.Linear does) or wrapped by torch.func (vmap, grad); or x of
+        # output, as nn.Linear does) or wrapped by torch.func (vmap, grad), or buffers that
+        # torch.func wraps (vmap over stacked weights through functional_call); or x of
         # another dtype under torch.autocast, which the op casts to the scales' dtype
         return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
 
@@ -160,12 +175,13 @@ class AWQLinear(nn.Module):
     @classmethod
     def from_tensors(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                      bias: torch.Tensor | None = None) -> "AWQLinear":
-        """An AWQLinear holding these tensors (not copies) as its buffers.
-        G is in_features / scales.shape[0]."""
-        for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales),
-                        ("bias", bias)):
-            if t is not None and not isinstance(t, torch.Tensor):
+        """An AWQLinear holding these tensors (not copies) as its buffers, which
+        must be contiguous. G is in_features / scales.shape[0]."""
+        for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+            if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None; got {type(bias).__name__}")
         for name, t in (("qweight", qweight), ("qzeros", qzeros)):
             if t.dtype != torch.int32:
                 raise TypeError(f"{name} must be int32 (packed 4-bit words); got {t.dtype}")
@@ -197,6 +213,14 @@ class AWQLinear(nn.Module):
         if len(devices) > 1:
             raise ValueError(f"qweight, qzeros, scales and bias must be on one device; got "
                              f"{', '.join(sorted(map(str, devices)))}")
+        # The layer holds the tensors themselves, and its eager forward hands them to the
+        # C extension as they are, which reads C-contiguous memory only.
+        for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales),
+                        ("bias", bias)):
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous (the layer holds it, not a copy); "
+                                 f"got strides {tuple(t.stride())} for shape {list(t.shape)}: "
+                                 f"pass {name}.contiguous()")
         layer = cls(K, N, K // rows, bias is not None, dtype=scales.dtype, device="meta")
         layer.qweight, layer.qzeros, layer.scales = qweight, qzeros, scales
         layer.bias = bias
@@ -204,13 +228,33 @@ class AWQLinear(nn.Module):
 
     def dequantized_weight(self, dtype=None) -> torch.Tensor:
         """The dense weight as nn.Linear holds it: [out_features, in_features],
-        contiguous, of dtype (default: the scales' dtype)."""
-        if torch.compiler.is_compiling():
-            w = _ops.dequantize(self.qweight, self.qzeros, self.scales, self.group_size, dtype)
-        else:
-            w = _dequantize(self.qweight, self.qzeros, self.scales, group_size=self.group_size,
-                            out_dtype=dtype)
+        contiguous, of dtype (default: the scales' dtype). Differentiable in the
+        scales, and shapes only on the meta device or under FakeTensorMode."""
+        if dtype is not None:
+            dtype = _scale_dtype(dtype)
+        # Always the op: it records the gradient of the scales, gives the shape alone for
+        # meta and fake tensors, and unwraps torch.func's; without any of these it calls
+        # the C extension itself, and the dispatch costs little beside a K x N result.
+        w = _ops.dequantize(self.qweight, self.qzeros, self.scales, self.group_size, dtype)
         return w.t().contiguous()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # copy_ into the int32 buffers would convert float or int64 values number by
+        # number: the layer would compute with words that no checkpoint holds. Refused as
+        # torch refuses a shape mismatch, with this layer left as it was.
+        refused = False
+        for name in ("qweight", "qzeros"):
+            t = state_dict.get(prefix + name)
+            if isinstance(t, torch.Tensor) and t.dtype != torch.int32:
+                hint = (f" (the same words as int32: {name}.view(torch.int32))"
+                        if t.dtype == torch.uint32 else "")
+                error_msgs.append(f"{prefix}{name} must be int32 (8 packed 4-bit values per "
+                                  f"word); the state dict holds {t.dtype}{hint}")
+                refused = True
+        if not refused:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                          missing_keys, unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
         K, N, G = self.in_features, self.out_features, self.group_size
@@ -229,6 +273,10 @@ def _skip_matcher(skip):
         skip = ()
     elif isinstance(skip, (str, re.Pattern)):
         skip = (skip,)
+    elif isinstance(skip, (bytes, bytearray)) or not isinstance(skip, Iterable):
+        # bytes would iterate as ints, and a predicate is not a list of names.
+        raise TypeError(f"skip must be a string, a compiled regular expression or an iterable "
+                        f"of them (list, tuple, set); got {type(skip).__name__}")
     patterns = tuple(skip)
     for p in patterns:
         if not isinstance(p, (str, re.Pattern)):
@@ -252,10 +300,18 @@ def _shared_weights(model: nn.Module) -> dict:
     return names
 
 
-def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> str | None:
-    pattern = match(name)
-    if pattern is not None:
-        return f"matches skip pattern {pattern!r}"
+def _skip_reason(names: list, module: nn.Linear, G, match, shared, own_names):
+    """(the name to report, why the module stays dense), or None to quantize it.
+    A module held under several names is skipped if any of them matches skip."""
+    for name in names:
+        pattern = match(name)
+        if pattern is not None:
+            return name, f"matches skip pattern {pattern!r}"
+    reason = _unfit_reason(module, G, shared, own_names)
+    return None if reason is None else (names[0], reason)
+
+
+def _unfit_reason(module: nn.Linear, G, shared, own_names) -> str | None:
     if type(module) is not nn.Linear:
         return (f"{type(module).__name__} is a subclass of nn.Linear whose forward may not "
                 "be nn.Linear's")
@@ -264,6 +320,9 @@ def _skip_reason(name: str, module: nn.Linear, G, match, shared, own_names) -> s
         return f"its weight is tied to {others[0]}; quantizing it would untie them"
     if module.weight.is_meta:
         return "its weight is on the meta device"
+    if module.in_features == 0 or module.out_features == 0:
+        return (f"it has no weights (in_features {module.in_features}, out_features "
+                f"{module.out_features})")
     if module.out_features % 8:
         return f"out_features {module.out_features} is not a multiple of 8"
     if G != -1 and module.in_features % G:
@@ -318,6 +377,7 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
                         "use AWQLinear.from_linear(model, group_size)")
     G = -1 if group_size is None or group_size == -1 else _positive(group_size, "group_size")
     match, skip_strings = _skip_matcher(skip)
+    _check_group_size_of_earlier_calls(model, G)
     if calibration is not None:
         _check_calibration(calibration)
     # Refused here, before the calibration pass, rather than by the first layer.
@@ -328,17 +388,19 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
                if isinstance(m, nn.Linear)]
     # A module held under several names is one layer, whose weight is not "tied" to itself.
-    weight_names: dict = {}
+    module_names: dict = {}
     for name, m in linears:
-        weight_names.setdefault(id(m), set()).add(f"{name}.weight")
+        module_names.setdefault(id(m), []).append(name)
 
     skipped, chosen = [], {}
     for name, module in linears:
         if id(module) in chosen:
             continue
-        reason = _skip_reason(name, module, G, match, shared, weight_names[id(module)])
-        if reason is not None:
-            skipped.append((name, reason))
+        names = module_names[id(module)]
+        skip_entry = _skip_reason(names, module, G, match, shared,
+                                  {f"{n}.weight" for n in names})
+        if skip_entry is not None:
+            skipped.append(skip_entry)
             chosen[id(module)] = None
         else:
             chosen[id(module)] = module
@@ -386,7 +448,8 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
         logger.info("quantize_model: %s left dense: %s", name, reason)
     logger.info("quantize_model: %d nn.Linear layers quantized (group_size %d), %d left dense",
                 replaced, G, len(skipped))
-    _describe_quantization(model, G, skip_strings, [name for name, _ in skipped])
+    _describe_quantization(model, G, skip_strings,
+                           {name: None for name, m in linears if chosen[id(m)] is None})
     return skipped
 
 
@@ -479,12 +542,61 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
     return sums, items
 
 
+def _awq_config(model: nn.Module):
+    """A Hugging Face model's config.quantization_config as a dict when it describes
+    AWQ weights; None for other models and configurations."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    qc = getattr(config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, Mapping) and hasattr(qc, "to_dict"):
+        qc = qc.to_dict()  # transformers' AwqConfig
+    if not isinstance(qc, Mapping) or str(qc.get("quant_method", "")).lower() != "awq":
+        return None
+    return qc
+
+
+def _check_group_size_of_earlier_calls(model: nn.Module, G: int) -> None:
+    """A model quantized in parts (several calls) has one config.quantization_config,
+    which holds one group size: refuse another before anything changes."""
+    earlier = _awq_config(model)
+    if earlier is None or earlier.get("group_size") == G:
+        return
+    if any(isinstance(m, AWQLinear) for m in model.modules()):
+        raise ValueError(
+            f"group_size {G} differs from {earlier.get('group_size')}, the group size of the "
+            f"layers already quantized in this model (config.quantization_config): an AWQ "
+            f"checkpoint has one group size; pass group_size={earlier.get('group_size')}")
+
+
+def _keeps_dense(entry: str, name: str) -> bool:
+    """Whether a modules_to_not_convert entry keeps the module `name` dense, by AutoAWQ's
+    rule (a substring of the name) or by transformers' (a prefix or regular expression
+    ending at a module boundary, or a suffix)."""
+    if entry in name:  # a suffix too
+        return True
+    try:
+        return re.match(rf"(?:{entry})(?:(?<=\.)|(?=\.|$))", name) is not None
+    except re.error:
+        return False
+
+
 def _describe_quantization(model: nn.Module, G: int, skip_strings, dense) -> None:
-    """Sets a Hugging Face model's config.quantization_config (no-op for other models)."""
+    """Sets a Hugging Face model's config.quantization_config (no-op for other models).
+    dense: the names of every nn.Linear this call left dense, in order (a dict). A model
+    quantized in parts keeps what the earlier calls listed, less any entry that would now
+    keep a quantized layer dense (a skip string of an earlier call that this one has
+    quantized)."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return
-    not_converted = list(dict.fromkeys([*skip_strings, *dense]))
+    earlier = _awq_config(model)
+    before = list((earlier or {}).get("modules_to_not_convert") or ())
+    quantized = [name for name, m in model.named_modules(remove_duplicate=False)
+                 if isinstance(m, AWQLinear)]
+    not_converted = [
+        entry for entry in dict.fromkeys([*before, *skip_strings, *dense])
+        if entry in dense or not any(_keeps_dense(entry, q) for q in quantized)]
     config.quantization_config = {
         "quant_method": "awq", "bits": 4, "group_size": G, "zero_point": True,
         "version": "gemm", "modules_to_not_convert": not_converted or None,

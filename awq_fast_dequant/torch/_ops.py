@@ -16,14 +16,21 @@ on top of the 3 us of the call itself on a 2-core VM, and about 22 us on top of
 11 us on an H200 machine's host (docs/BENCHMARKS.md). Here a call without gradients is one
 Python autograd kernel, which calls the kernel itself when nothing but the
 kernel lies below autograd (plain CPU or CUDA tensors, no tracing mode) and
-redispatches otherwise.
+redispatches otherwise. The same autograd kernels give forward-mode AD
+(torch.autograd.forward_ad, torch.func.jvp and jacfwd) its tangents.
+
+The fake implementations check what the C core checks, in its order and words,
+so that a layer on the meta device, torch.export and torch.compile refuse the
+inputs that eager mode refuses instead of tracing them.
 """
 
 from __future__ import annotations
 
 import math
+import types
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch import _C
 from torch.utils.flop_counter import register_flop_formula
 
@@ -49,6 +56,140 @@ def _zero_offsets(qweight: torch.Tensor, qzeros: torch.Tensor, group_size) -> to
 def _group_sums(values: torch.Tensor, K: int, G: int, N: int) -> torch.Tensor:
     """Sum float32 [K, N] over each group of G rows -> [K/G, N]."""
     return values.reshape(K // G, G, N).sum(dim=1) if K else values.new_zeros((0, N))
+
+
+# --- forward-mode AD ----------------------------------------------------------
+#
+# A tangent lives on a tensor only inside a dual level (forward_ad.dual_level, which
+# torch.func.jvp enters too), and forward_ad keeps the current level in a module
+# global, -1 outside any: the autograd kernels test ``FWAD._current_level >= 0``,
+# one attribute read, before they look for tangents. A torch whose forward_ad has
+# no such global counts as always inside a level: every call then looks for
+# tangents, slower but never wrong.
+FWAD = _fwad if isinstance(getattr(_fwad, "_current_level", None), int) else \
+    types.SimpleNamespace(_current_level=0)
+
+def _unpack(t):
+    """(primal, tangent) of t at the current dual level; (t, None) for None or no tangent."""
+    if t is None:
+        return None, None
+    primal, tangent = _fwad.unpack_dual(t)
+    return (t, None) if tangent is None else (primal, tangent)
+
+
+# --- what the fake implementations check ---------------------------------------
+#
+# The C core's checks (csrc/views.c, csrc/validate.c) on shapes, dtypes and
+# devices, with its exception types and messages; memory layout is the real
+# kernels' business (they make their inputs contiguous). Shapes may be symbolic:
+# a comparison then guards on the traced shapes, as torch's own meta kernels do.
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_PACKED = (torch.int32, torch.uint32)
+_FLOAT_NAMES = "float16, bfloat16 or float32"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_ndim(t, name: str, lo: int, hi: int) -> None:
+    n = t.dim()
+    if lo <= n <= hi:
+        return
+    dims = f"{n} dimension{'' if n == 1 else 's'}"
+    if lo == hi:
+        raise ValueError(f"{name} must be a {lo}-D array, got {dims}")
+    raise ValueError(f"{name} must have {lo} to {hi} dimensions, got {dims}")
+
+
+def _check_packed(t, name: str) -> None:
+    if t.dtype not in _PACKED:
+        raise TypeError(f"{name} must be int32 or uint32 (8 packed 4-bit values per element), "
+                        f"got {_name(t.dtype)}")
+
+
+def _check_devices(named) -> None:
+    (first_name, first), *rest = [(n, t) for n, t in named if t is not None]
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(f"all tensors must be on one device: {first_name} is on "
+                             f"{first.device} but {name} is on {t.device}")
+
+
+def _check_weights(qweight, qzeros, scales, group_size) -> None:
+    """qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N], G from group_size or the rows."""
+    K, W = qweight.shape
+    N, rows = 8 * W, scales.shape[0]
+    if qzeros.shape[1] != W:
+        raise ValueError(f"qzeros must have {W} columns like qweight (N/8 packed words), got "
+                         f"{qzeros.shape[1]}")
+    if scales.shape[1] != N:
+        raise ValueError(f"scales must have {N} columns (8 x qweight's {W} packed columns), got "
+                         f"{scales.shape[1]}")
+    if qzeros.shape[0] != rows:
+        raise ValueError(f"qzeros and scales must have the same number of rows (K/group_size), "
+                         f"got qzeros {qzeros.shape[0]} and scales {rows}")
+    if group_size is not None:
+        g = (K if K > 0 else 1) if group_size == -1 else group_size
+        if g <= 0:
+            raise ValueError(f"group_size must be positive (or -1 for G = K), got {g}")
+        if K % g:
+            raise ValueError(f"group_size {g} does not divide K = {K} (qweight rows)")
+        if K // g != rows:
+            raise ValueError(f"group_size {g} gives K/group_size = {K // g} groups, but scales "
+                             f"and qzeros have {rows} rows")
+    elif rows == 0:
+        if K != 0:
+            raise ValueError(f"scales and qzeros have 0 rows but qweight has K = {K} rows")
+    elif K % rows:
+        raise ValueError(f"scales and qzeros have {rows} rows, which does not divide K = {K}; "
+                         f"each must have K/group_size rows")
+    elif K < rows:
+        raise ValueError(f"scales and qzeros have {rows} rows, more than K = {K}")
+
+
+def _check_dequantize(qweight, qzeros, scales, group_size, out_dtype, out=None) -> None:
+    for t, name in ((qweight, "qweight"), (qzeros, "qzeros"), (scales, "scales"), (out, "out")):
+        if t is not None:
+            _check_ndim(t, name, 2, 2)
+    _check_packed(qweight, "qweight")
+    _check_packed(qzeros, "qzeros")
+    if scales.dtype not in _FLOATS:
+        raise TypeError(f"scales must be {_FLOAT_NAMES}, got {_name(scales.dtype)}")
+    if out_dtype is not None and out_dtype not in _FLOATS:
+        raise TypeError(f"out_dtype must be {_FLOAT_NAMES} (a name, NumPy or torch dtype), got "
+                        f"{out_dtype}")
+    _check_devices((("qweight", qweight), ("qzeros", qzeros), ("scales", scales), ("out", out)))
+    _check_weights(qweight, qzeros, scales, group_size)
+    if out is not None and tuple(out.shape) != (qweight.shape[0], scales.shape[1]):
+        raise ValueError(f"out must have shape ({qweight.shape[0]}, {scales.shape[1]}), got "
+                         f"({out.shape[0]}, {out.shape[1]})")
+
+
+def _check_linear(x, qweight, qzeros, scales, bias, group_size) -> None:
+    named = (("x", x), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales),
+             ("bias", bias))
+    _check_ndim(x, "x", 1, 8)
+    for name, t in named[1:4]:
+        _check_ndim(t, name, 2, 2)
+    if bias is not None:
+        _check_ndim(bias, "bias", 1, 1)
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"x must be {_FLOAT_NAMES}, got {_name(x.dtype)}")
+    _check_packed(qweight, "qweight")
+    _check_packed(qzeros, "qzeros")
+    for name, t in named[3:]:
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {_name(x.dtype)}, got {_name(t.dtype)}")
+    _check_devices(named)
+    _check_weights(qweight, qzeros, scales, group_size)
+    K, N = qweight.shape[0], scales.shape[1]
+    if x.shape[-1] != K:
+        raise ValueError(f"x's last dimension must be K = {K} (qweight's rows, in_features), "
+                         f"got {x.shape[-1]}")
+    if bias is not None and bias.shape[0] != N:
+        raise ValueError(f"bias must have shape ({N},) (N, out_features), got ({bias.shape[0]},)")
 
 
 # --- definitions -----------------------------------------------------------
@@ -112,6 +253,7 @@ def _dequantize_kernel(qweight, qzeros, scales, group_size=None, out_dtype=None)
 
 
 def _dequantize_fake(qweight, qzeros, scales, group_size=None, out_dtype=None):
+    _check_dequantize(qweight, qzeros, scales, group_size, out_dtype)
     return scales.new_empty((qweight.shape[0], scales.shape[1]),
                             dtype=scales.dtype if out_dtype is None else out_dtype)
 
@@ -138,7 +280,21 @@ class _Dequantize(torch.autograd.Function):
         return None, None, None, grad_scales, None, None
 
 
+def _dequantize_jvp(qweight, qzeros, scales, group_size, out_dtype):
+    """dequantize with scales' tangent, or None when scales has none. W is linear in
+    the scales: its tangent is dequantize of the same words with the scales' tangent."""
+    scales, tangent = _unpack(scales)
+    if tangent is None:
+        return None
+    w = _DEQUANTIZE(qweight, qzeros, scales, group_size, out_dtype)
+    return _fwad.make_dual(w, _DEQUANTIZE(qweight, qzeros, tangent, group_size, w.dtype))
+
+
 def _dequantize_autograd(keyset, qweight, qzeros, scales, group_size=None, out_dtype=None):
+    if FWAD._current_level >= 0:
+        w = _dequantize_jvp(qweight, qzeros, scales, group_size, out_dtype)
+        if w is not None:
+            return w
     if _C.is_grad_enabled() and scales.requires_grad:
         return _Dequantize.apply(keyset, qweight, qzeros, scales, group_size, out_dtype)
     return _without_grad(_DEQUANTIZE, _dequantize_kernel, keyset, qweight, qzeros, scales,
@@ -157,13 +313,18 @@ def _dequantize_out_kernel(qweight, qzeros, scales, out, group_size=None):
 
 
 def _dequantize_out_fake(qweight, qzeros, scales, out, group_size=None):
+    # The real kernel writes out's dtype: out.dtype is its out_dtype.
+    _check_dequantize(qweight, qzeros, scales, group_size, out.dtype, out)
     return None
 
 
 def _dequantize_out_autograd(keyset, qweight, qzeros, scales, out, group_size=None):
-    if _C.is_grad_enabled() and (scales.requires_grad or out.requires_grad):
+    if (_C.is_grad_enabled() and (scales.requires_grad or out.requires_grad)) or (
+            FWAD._current_level >= 0 and (_unpack(scales)[1] is not None
+                                      or _unpack(out)[1] is not None)):
         raise RuntimeError("dequantize_out(): functions with out=... arguments don't support "
-                           "automatic differentiation, but one of the arguments requires grad.")
+                           "automatic differentiation, but one of the arguments requires grad "
+                           "or carries a forward-mode tangent.")
     _below_autograd(_DEQUANTIZE_OUT, keyset, qweight, qzeros, scales, out, group_size)
 
 
@@ -192,6 +353,7 @@ def _linear_kernel(x, qweight, qzeros, scales, bias=None, group_size=None):
 
 
 def _linear_fake(x, qweight, qzeros, scales, bias=None, group_size=None):
+    _check_linear(x, qweight, qzeros, scales, bias, group_size)
     return x.new_empty((*x.shape[:-1], scales.shape[1]))
 
 
@@ -221,7 +383,34 @@ class _Linear(torch.autograd.Function):
         return None, grad_x, None, None, grad_scales, grad_bias, None
 
 
+def _linear_jvp(x, qweight, qzeros, scales, bias, group_size):
+    """linear with its tangent, or None when no input carries one:
+    d(x @ W + bias) = dx @ W + x @ dW + dbias, where dW is dequantize of the same
+    words with the scales' tangent (W is linear in the scales). The packed words are
+    integers, which carry no tangent. The primal output is the op's own; the tangent
+    is computed with differentiable ops, so that it has gradients too."""
+    (x, dx), (scales, ds), (bias, db) = _unpack(x), _unpack(scales), _unpack(bias)
+    if dx is None and ds is None and db is None:
+        return None
+    y = _LINEAR(x, qweight, qzeros, scales, bias, group_size)
+    terms = []
+    if dx is not None:
+        terms.append(dx @ _DEQUANTIZE(qweight, qzeros, scales, group_size, dx.dtype))
+    if ds is not None:
+        terms.append(x @ _DEQUANTIZE(qweight, qzeros, ds, group_size, x.dtype))
+    if db is not None:
+        terms.append(db.expand(y.shape))
+    tangent = terms[0]
+    for term in terms[1:]:
+        tangent = tangent + term
+    return _fwad.make_dual(y, tangent)
+
+
 def _linear_autograd(keyset, x, qweight, qzeros, scales, bias=None, group_size=None):
+    if FWAD._current_level >= 0:
+        y = _linear_jvp(x, qweight, qzeros, scales, bias, group_size)
+        if y is not None:
+            return y
     if _C.is_grad_enabled() and (x.requires_grad or scales.requires_grad
                                  or (bias is not None and bias.requires_grad)):
         return _Linear.apply(keyset, x, qweight, qzeros, scales, bias, group_size)
