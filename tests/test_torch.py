@@ -684,15 +684,21 @@ def test_awq_linear_load_state_dict_refuses_packed_words_of_another_dtype():
     """copy_ would convert the values: float or int64 words would load as other words."""
     source = make_awq(dtype=torch.float32, seed=3).state_dict()
     for name, dtype in (("qweight", torch.float32), ("qzeros", torch.int64),
-                        ("qweight", torch.uint32)):
+                        ("qweight", torch.float16)):
         layer = make_awq(dtype=torch.float32)
         before = {k: v.clone() for k, v in layer.state_dict().items()}
         bad = dict(source, **{name: source[name].to(dtype)})
         with pytest.raises(RuntimeError, match=rf"{name} must be int32 .*holds {dtype}"):
             layer.load_state_dict(bad)
         assert all(torch.equal(v, before[k]) for k, v in layer.state_dict().items())
-    with pytest.raises(RuntimeError, match=r"view\(torch.int32\)"):
-        layer.load_state_dict(dict(source, qzeros=source["qzeros"].view(torch.uint32)))
+    # uint32 words are the same bits: they load, and the caller's mapping keeps its tensors
+    layer = make_awq(dtype=torch.float32)
+    unsigned = dict(source, qweight=source["qweight"].view(torch.uint32),
+                    qzeros=source["qzeros"].view(torch.uint32))
+    layer.load_state_dict(unsigned)
+    assert unsigned["qweight"].dtype == unsigned["qzeros"].dtype == torch.uint32
+    for name, t in source.items():
+        assert torch.equal(layer.state_dict()[name], t), name
     nested = nn.Sequential(make_awq(dtype=torch.float32))
     with pytest.raises(RuntimeError, match=r"0\.qweight must be int32"):
         nested.load_state_dict({f"0.{k}": v.float() if k == "qweight" else v

@@ -242,19 +242,26 @@ class AWQLinear(nn.Module):
                               unexpected_keys, error_msgs):
         # copy_ into the int32 buffers would convert float or int64 values number by
         # number: the layer would compute with words that no checkpoint holds. Refused as
-        # torch refuses a shape mismatch, with this layer left as it was.
-        refused = False
+        # torch refuses a shape mismatch, with this layer left as it was. uint32 words (as
+        # some checkpoints store them) are the same bits: loaded as int32 views, through a
+        # copy of the mapping, so that the caller's stays as it was.
+        refused, words = False, None
         for name in ("qweight", "qzeros"):
-            t = state_dict.get(prefix + name)
-            if isinstance(t, torch.Tensor) and t.dtype != torch.int32:
-                hint = (f" (the same words as int32: {name}.view(torch.int32))"
-                        if t.dtype == torch.uint32 else "")
-                error_msgs.append(f"{prefix}{name} must be int32 (8 packed 4-bit values per "
-                                  f"word); the state dict holds {t.dtype}{hint}")
-                refused = True
+            key = prefix + name
+            t = state_dict.get(key)
+            if not isinstance(t, torch.Tensor) or t.dtype == torch.int32:
+                continue
+            if t.dtype == torch.uint32:
+                words = dict(state_dict) if words is None else words
+                words[key] = t.view(torch.int32)
+                continue
+            error_msgs.append(f"{key} must be int32 (8 packed 4-bit values per word, or "
+                              f"uint32 words); the state dict holds {t.dtype}")
+            refused = True
         if not refused:
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                          missing_keys, unexpected_keys, error_msgs)
+            super()._load_from_state_dict(state_dict if words is None else words, prefix,
+                                          local_metadata, strict, missing_keys,
+                                          unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
         K, N, G = self.in_features, self.out_features, self.group_size
