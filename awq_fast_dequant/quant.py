@@ -540,6 +540,16 @@ def _hessian_matrix(hessian, K: int) -> np.ndarray:
                          f"{diag.max(initial=0.0):.6g}")
     h += h.T
     h *= 0.5
+    # A zero on the diagonal of a positive semidefinite matrix forces its row to zero
+    # (X^T X has one wherever an input is always 0); with other entries it is no X^T X.
+    # Entries as small as the symmetry tolerance pass: inputs so small that their squares
+    # underflow in float32 can leave such products beside a zero diagonal.
+    dead = np.flatnonzero(diag == 0)
+    live = np.abs(h[dead]) > _SYMMETRY_TOLERANCE * diag.max(initial=0.0)
+    if live.any():
+        k = int(dead[np.argmax(live.any(axis=1))])
+        raise ValueError(f"hessian must be X^T X of the layer's inputs: [{k}, {k}] is 0 but "
+                         f"row {k} is not, so it is not positive semidefinite")
     return h
 
 

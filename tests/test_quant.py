@@ -419,6 +419,10 @@ def test_gptq_rejects_bad_hessians_and_damping_and_writes_nothing():
     indefinite[0, 1] = indefinite[1, 0] = 2  # [[1, 2], [2, 1]] has the eigenvalue -1
     with pytest.raises(ValueError, match="not positive definite .*damp=0.0"):
         quant.quantize(weight, group_size=32, hessian=indefinite, damp=0)
+    zero_diagonal = np.eye(K)
+    zero_diagonal[1, 1], zero_diagonal[0, 1], zero_diagonal[1, 0] = 0, 0.5, 0.5
+    with pytest.raises(ValueError, match=r"\[1, 1\] is 0 but row 1 is not"):
+        quant.quantize(weight, group_size=32, hessian=zero_diagonal)
     for damp in (-0.01, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"^damp must be a finite number >= 0; got {damp}"):
             quant.quantize(weight, group_size=32, hessian=H, damp=damp)

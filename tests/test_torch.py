@@ -894,6 +894,15 @@ def test_quantize_model_errors():
         quantize_model(nn.Sequential(nn.Linear(128, 64)), skip=[3])
     with pytest.raises(ValueError, match="group_size must be positive"):
         quantize_model(nn.Sequential(nn.Linear(128, 64)), group_size=0)
+    for size in (True, -1.0, 64.0):
+        model = nn.Sequential(nn.Linear(128, 64))
+        with pytest.raises(TypeError, match=f"group_size must be an integer; got {size!r}"):
+            quantize_model(model, group_size=size)
+        assert type(model[0]) is nn.Linear
+    with pytest.raises(ValueError, match="act_order=True needs calibration"):
+        quantize_model(nn.Sequential(nn.Linear(128, 64)), act_order=True)
+    with pytest.raises(TypeError, match="act_order must be True, False or None"):
+        quantize_model(nn.Sequential(nn.Linear(128, 64)), act_order="yes")
 
 
 def test_quantize_model_skips_a_shared_module_if_any_of_its_names_matches():
@@ -1047,6 +1056,8 @@ def test_quantize_model_calibration_errors_leave_the_model_untouched():
 
     for calibration, error, message in (
             (5, TypeError, "calibration must be an iterable of model inputs .*got int"),
+            ("some text", TypeError, "not a str: tokenize the text first"),
+            (b"some text", TypeError, "not a bytes: tokenize the text first"),
             (torch.randn(4, 64), TypeError, "got a single Tensor: wrap it in a list"),
             ({"a": torch.randn(4, 64)}, TypeError, "got a single dict: wrap it in a list"),
             ([], ValueError, "calibration must yield at least one model input"),

@@ -32,6 +32,8 @@ _is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
 
 
 def _positive(value, name: str) -> int:
+    if isinstance(value, bool):  # an int to operator.index, but never meant as a size
+        raise TypeError(f"{name} must be an integer; got {value!r}")
     try:
         n = operator.index(value)
     except TypeError:
@@ -41,9 +43,22 @@ def _positive(value, name: str) -> int:
     return n
 
 
+def _minus_one(group_size) -> bool:
+    """Whether group_size asks for one group per layer: None, or the integer -1
+    (not -1.0 or True - 2: a group size is an integer)."""
+    if group_size is None:
+        return True
+    if isinstance(group_size, bool):
+        return False
+    try:
+        return operator.index(group_size) == -1
+    except TypeError:
+        return False
+
+
 def _resolve_group_size(group_size, in_features: int) -> int:
     """G for a layer of in_features rows; -1 (or None) means one group per layer."""
-    if group_size is None or group_size == -1:
+    if _minus_one(group_size):
         return in_features
     G = _positive(group_size, "group_size")
     if in_features % G:
@@ -382,14 +397,17 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     if isinstance(model, nn.Linear):
         raise TypeError("model is itself an nn.Linear, which cannot be replaced in place; "
                         "use AWQLinear.from_linear(model, group_size)")
-    G = -1 if group_size is None or group_size == -1 else _positive(group_size, "group_size")
+    G = -1 if _minus_one(group_size) else _positive(group_size, "group_size")
     match, skip_strings = _skip_matcher(skip)
     _check_group_size_of_earlier_calls(model, G)
     if calibration is not None:
         _check_calibration(calibration)
     # Refused here, before the calibration pass, rather than by the first layer.
     _check_grid(grid, calibration is not None)
-    _check_act_order(act_order, calibration is not None)
+    # act_order's type first (as if calibrated), then what it needs, in this API's words
+    if _check_act_order(act_order, True) and act_order is not None and calibration is None:
+        raise ValueError("act_order=True needs calibration: the rows are ordered by the "
+                         "energy of each layer's inputs, which the calibration pass records")
     shared = _shared_weights(model)
 
     linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
@@ -461,7 +479,12 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
 
 
 def _check_calibration(calibration) -> None:
-    # A lone input would be iterated: a dict by its keys, a tensor by its rows.
+    # A lone input would be iterated: a dict by its keys, a tensor by its rows, a
+    # string by its characters.
+    if isinstance(calibration, (str, bytes, bytearray)):
+        raise TypeError(f"calibration must be an iterable of model inputs, not a "
+                        f"{type(calibration).__name__}: tokenize the text first "
+                        f"([tokenizer(text, return_tensors='pt') for text in texts])")
     if isinstance(calibration, (torch.Tensor, Mapping)):
         raise TypeError(f"calibration must be an iterable of model inputs; got a single "
                         f"{type(calibration).__name__}: wrap it in a list ([inputs])")
