@@ -278,8 +278,8 @@ def _same_bytes(folder: Path, a, b) -> bool:
     return True
 
 
-def _too_many(items) -> str:
-    return "; ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+def _too_many(items, sep: str = "; ") -> str:
+    return sep.join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
 
 
 def _plan(model, checkpoint, prefix: str):
@@ -313,8 +313,7 @@ def _plan(model, checkpoint, prefix: str):
                              f"which needs {a} {kind} tensor")
         groups.append((names, found, sources))
     if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ValueError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{more}, "
+        raise ValueError(f"the checkpoint has no tensor for {_too_many(missing, ', ')}, "
                          f"which {cls} needs")
     if wrong:
         raise ValueError(f"tensor shapes disagree with the model: {_too_many(wrong)}")

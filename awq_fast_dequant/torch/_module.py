@@ -43,24 +43,24 @@ def _positive(value, name: str) -> int:
     return n
 
 
-def _minus_one(group_size) -> bool:
-    """Whether group_size asks for one group per layer: None, or the integer -1
-    (not -1.0 or True - 2: a group size is an integer)."""
+def _group_size_arg(group_size) -> int:
+    """-1 (one group per layer) for None or the integer -1, else the positive
+    integer group_size (_positive refuses bool, float and the rest)."""
     if group_size is None:
-        return True
-    if isinstance(group_size, bool):
-        return False
+        return -1
     try:
-        return operator.index(group_size) == -1
+        if operator.index(group_size) == -1:
+            return -1
     except TypeError:
-        return False
+        pass  # _positive says why
+    return _positive(group_size, "group_size")
 
 
 def _resolve_group_size(group_size, in_features: int) -> int:
     """G for a layer of in_features rows; -1 (or None) means one group per layer."""
-    if _minus_one(group_size):
+    G = _group_size_arg(group_size)
+    if G == -1:
         return in_features
-    G = _positive(group_size, "group_size")
     if in_features % G:
         raise ValueError(
             f"in_features must be a multiple of group_size; got in_features={in_features}, "
@@ -397,7 +397,7 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     if isinstance(model, nn.Linear):
         raise TypeError("model is itself an nn.Linear, which cannot be replaced in place; "
                         "use AWQLinear.from_linear(model, group_size)")
-    G = -1 if _minus_one(group_size) else _positive(group_size, "group_size")
+    G = _group_size_arg(group_size)
     match, skip_strings = _skip_matcher(skip)
     _check_group_size_of_earlier_calls(model, G)
     if calibration is not None:
