@@ -248,6 +248,51 @@ def test_load_pretrained_dtype(saved_llama):
         assert torch.equal(loaded(ids).logits, converted(ids).logits)
 
 
+class LlamaWithAComputedScale(transformers.LlamaForCausalLM):
+    """A model that computes a floating-point buffer in the default dtype, as Gemma's
+    scaled embeddings do."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("third", torch.tensor(1 / 3), persistent=False)
+
+
+def test_load_pretrained_builds_the_model_in_dtype(saved_llama):
+    """The buffers a model computes itself are made as transformers makes them for that
+    dtype, not in the dtype config.json was saved in."""
+    folder = saved_llama[0]
+    config = transformers.AutoConfig.from_pretrained(folder)
+    del config.quantization_config
+    for dtype in (torch.bfloat16, torch.float16):
+        loaded = load_pretrained(folder, dtype=dtype, model_class=LlamaWithAComputedScale)
+        built = LlamaWithAComputedScale._from_config(copy.deepcopy(config), dtype=dtype)
+        assert loaded.third.dtype == built.third.dtype == dtype
+        assert torch.equal(loaded.third, built.third)
+        assert loaded.config.dtype == dtype
+
+
+def test_a_quant_config_json_checkpoint_saves_back_as_one_load_pretrained_reads(saved_llama,
+                                                                                tmp_path):
+    """A checkpoint whose quantization settings are only in AutoAWQ's quant_config.json
+    loads, and the model's own save_pretrained writes them into config.json."""
+    folder, model = saved_llama
+    autoawq = shutil.copytree(folder, tmp_path / "autoawq")
+    config = json.loads((autoawq / "config.json").read_text())
+    del config["quantization_config"]
+    (autoawq / "config.json").write_text(json.dumps(config))
+    (autoawq / "quant_config.json").write_text(json.dumps(
+        {"zero_point": True, "q_group_size": 128, "w_bit": 4, "version": "GEMM"}))
+    loaded = load_pretrained(autoawq)
+    assert loaded.config.quantization_config["group_size"] == 128
+    loaded.save_pretrained(tmp_path / "again")
+    saved = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert saved["quantization_config"]["quant_method"] == "awq"
+    again = load_pretrained(tmp_path / "again")
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+
+
 def test_load_pretrained_progress_lines_without_tqdm(saved_llama, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
     folder = saved_llama[0]
@@ -389,6 +434,72 @@ def test_a_quantized_lm_head_is_left_out_of_the_base_model(tmp_path, caplog):
         load_pretrained(folder, model_class=transformers.LlamaModel)
 
 
+def small_gpt_bigcode():
+    """A GPT-BigCode, one of the models whose AutoAWQ checkpoints scale the MLP's activation."""
+    config = transformers.GPTBigCodeConfig(
+        vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=2, n_inner=512,
+        initializer_range=0.2)
+    torch.manual_seed(3)
+    return transformers.GPTBigCodeForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def scaled_gpt_bigcode(tmp_path_factory):
+    """(folder without activation scales, folder with them, the scales)."""
+    model = small_gpt_bigcode()
+    quantize_model(model, 128)
+    plain = tmp_path_factory.mktemp("bigcode-awq")
+    model.save_pretrained(plain)
+    g = torch.Generator().manual_seed(4)
+    scales = {f"transformer.h.{i}.mlp.act.scales": torch.rand(512, generator=g) + 0.5
+              for i in range(2)}
+    scaled = edited_copy(plain, tmp_path_factory.mktemp("bigcode-awq-scaled") / "c",
+                         change=scales)
+    return plain, scaled, scales
+
+
+def test_autoawq_activation_scales_are_divided_out(scaled_gpt_bigcode, tmp_path, caplog):
+    plain, scaled, scales = scaled_gpt_bigcode
+    with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
+        loaded = load_pretrained(scaled)
+    assert "not read" not in caplog.text
+    for i, block in enumerate(loaded.transformer.h):
+        assert isinstance(block.mlp.act, _hf.ScaledActivation)
+        assert torch.equal(block.mlp.act.scales, scales[f"transformer.h.{i}.mlp.act.scales"])
+    # The same checkpoint without the scales, each activation's output divided by them in a hook.
+    hooked = load_pretrained(plain)
+    for i, block in enumerate(hooked.transformer.h):
+        s = scales[f"transformer.h.{i}.mlp.act.scales"]
+        block.mlp.act.register_forward_hook(lambda module, args, out, s=s: out / s)
+    ids = prompt()
+    with torch.no_grad():
+        got = loaded(ids).logits
+        assert torch.equal(got, hooked(ids).logits)
+        assert not torch.allclose(got, load_pretrained(plain)(ids).logits, atol=1e-3)
+    # The model's own save_pretrained writes the scales back where they were read from.
+    loaded.save_pretrained(tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(tmp_path / "again")(ids).logits, got)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("transformer.h.0.mlp.gelu.scales", torch.ones(512),
+     r"holds 'transformer.h.0.mlp.gelu.scales', the scales of a scaled activation .* "
+     r"GPTBigCodeForCausalLM has no module 'transformer.h.0.mlp.gelu'"),
+    ("transformer.h.0.ln_1.scales", torch.ones(128),
+     r"transformer.h.0.ln_1 is a LayerNorm with tensors of its own, not an activation"),
+    ("transformer.h.0.mlp.act.scales", torch.ones(2, 256),
+     r"transformer.h.0.mlp.act.scales has shape \[2, 256\]; the scales of an activation"),
+])
+def test_activation_scales_with_no_activation_are_refused_before_reading(
+        scaled_gpt_bigcode, tmp_path, monkeypatch, name, value, message):
+    plain, _, _ = scaled_gpt_bigcode
+    folder = edited_copy(plain, tmp_path / "c", change={name: value})
+    monkeypatch.setattr(_hf, "_load", lambda *a, **k: pytest.fail("read a tensor"))
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(folder)
+
+
 # --- what load_pretrained refuses, and before what --------------------------
 
 def edited_copy(src, dst, config=None, drop=(), change=None):
@@ -525,15 +636,21 @@ def test_bad_arguments(saved_llama):
 
 # --- a checkpoint on the Hugging Face Hub (the download faked: no network) -----------------
 
+class FakeHub(list):
+    """The calls to the fake snapshot_download, as (repo_id, revision, patterns); .repos maps
+    a repository id to the folder it serves."""
+
+
 @pytest.fixture
 def fake_hub(saved_llama, tmp_path, monkeypatch):
     """huggingface_hub.snapshot_download serving repositories from local folders: each call
     copies the files of allow_patterns into the repository's snapshot folder, as the Hub's
     cache would hold them, and is recorded as (repo_id, revision, patterns)."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    repos = {"owner/tiny-llama-awq": saved_llama[0],
-             "owner/three-bits": edited_copy(saved_llama[0], tmp_path / "bits", {"bits": 3})}
-    calls = []
+    calls = FakeHub()
+    calls.repos = repos = {
+        "owner/tiny-llama-awq": saved_llama[0],
+        "owner/three-bits": edited_copy(saved_llama[0], tmp_path / "bits", {"bits": 3})}
 
     def snapshot_download(repo_id, *, revision=None, allow_patterns=None, **kw):
         calls.append((repo_id, revision, tuple(allow_patterns)))
@@ -557,9 +674,31 @@ def test_a_hub_repository_id_is_downloaded_and_loaded(saved_llama, fake_hub):
     (repo, revision, configs), (_, _, everything) = fake_hub
     assert repo == "owner/tiny-llama-awq" and revision == "v1"
     assert "config.json" in configs and not any(p.endswith(".safetensors") for p in configs)
-    assert "*.safetensors" in everything
+    assert [p for p in everything if p.endswith(".safetensors")] == ["model.safetensors"]
     for name, t in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], t), name
+
+
+def test_a_hub_download_fetches_only_the_checkpoints_own_weight_files(saved_llama, fake_hub,
+                                                                       tmp_path):
+    """Other .safetensors files of the repository (an adapter, another format's weights)
+    are not downloaded: the single file, else the shards the index lists."""
+    single = shutil.copytree(saved_llama[0], tmp_path / "single")
+    shutil.copyfile(single / "model.safetensors", single / "adapter_model.safetensors")
+    sharded = tmp_path / "sharded"
+    model = small_llama(seed=1)
+    quantize_model(model, 128)
+    model.save_pretrained(sharded, max_shard_size="300KB")
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    shutil.copyfile(single / "model.safetensors", sharded / "model.safetensors")
+    fake_hub.repos.update({"owner/single": single, "owner/sharded": sharded})
+    load_pretrained("owner/single")
+    load_pretrained("owner/sharded")
+    snapshots = tmp_path / "hub"
+    assert sorted(p.name for p in (snapshots / "owner--single" / "main").glob("*.safetensors")) \
+        == ["model.safetensors"]
+    assert sorted(p.name for p in (snapshots / "owner--sharded" / "main").glob(
+        "*.safetensors")) == shards
 
 
 def test_a_hub_checkpoint_that_cannot_run_is_refused_before_its_weights_download(fake_hub):

@@ -10,14 +10,16 @@ allocated on the target device:
 1. awq_fast_dequant.checkpoint validates the folder: the quantization_config
    (4 bits, zero point, the "gemm" version), the shards and their index, and
    every quantized layer's dtypes and shapes against the group size.
-2. transformers builds the model from config.json with its parameters on the
-   meta device (buffers are built as the model's code builds them: they are
-   small, and some, like rotary frequencies, are computed there and are not
-   in the checkpoint).
+2. transformers builds the model from config.json, in the target dtype, with
+   its parameters on the meta device (buffers are built as the model's code
+   builds them: they are small, and some, like rotary frequencies, are
+   computed there and are not in the checkpoint).
 3. Each module the checkpoint quantizes becomes an AWQLinear (still on meta),
-   and every parameter and persistent buffer of the model is matched to a
-   checkpoint tensor of the same shape and kind of dtype; a missing one is an
-   error. generation_config.json, when the model has a use for it, is read here.
+   each activation it scales (AutoAWQ's <activation>.scales) a
+   ScaledActivation, and every parameter and persistent buffer of the model is
+   matched to a checkpoint tensor of the same shape and kind of dtype; a
+   missing one is an error. generation_config.json, when the model has a use
+   for it, is read here.
 4. Tensors are read one at a time through safetensors (memory-mapped, straight
    to the device) and put in place of the meta tensors.
 """
@@ -25,6 +27,8 @@ allocated on the target device:
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import logging
 import os
 import re
@@ -40,6 +44,7 @@ from awq_fast_dequant.checkpoint import (
     AUTOAWQ_CONFIG_NAME,
     CONFIG_NAME,
     INDEX_NAME,
+    SINGLE_FILE_NAME,
     CheckpointFileError,
     TensorReader,
     check_folder_config,
@@ -151,8 +156,10 @@ def _model_class(transformers, config, model_class):
         "transformers.AutoModelForCausalLM")
 
 
-def _build(model_class, config):
-    """The model with every parameter on the meta device."""
+def _build(model_class, config, dtype):
+    """The model with every parameter on the meta device, built in `dtype` (so that
+    the floating-point buffers the model computes itself are as from_pretrained
+    makes them)."""
     quantization_config = getattr(config, "quantization_config", None)
     if quantization_config is not None:
         # The AWQ layers are put in here; transformers must not set up its own quantizer.
@@ -160,8 +167,8 @@ def _build(model_class, config):
     try:
         with parameters_on_meta():
             if hasattr(model_class, "_from_config"):
-                return model_class._from_config(config)
-            return model_class.from_config(config)  # the Auto classes
+                return model_class._from_config(config, dtype=dtype)
+            return model_class.from_config(config, dtype=dtype)  # the Auto classes
     finally:
         if quantization_config is not None:
             config.quantization_config = quantization_config
@@ -224,6 +231,68 @@ def _install_awq_layers(model, checkpoint, dtype, prefix: str) -> None:
                         bias=module.bias is not None, dtype=dtype, device="meta")
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, awq)
+
+
+class ScaledActivation(nn.Module):
+    """An activation whose output is divided by per-channel scales.
+
+    AutoAWQ scales the inputs of the layer after an MLP's activation by
+    folding the scales into that layer's weights, and, for models whose
+    layer before the activation cannot take them (GPT-J, Falcon, MPT, BLOOM,
+    GPT-BigCode, StarCoder2, GPT-NeoX), keeps them in the checkpoint as
+    <activation>.scales, to be divided out here. `act` is the model's own
+    activation module."""
+
+    def __init__(self, act: nn.Module, features: int, *, dtype=None, device=None):
+        super().__init__()
+        self.act = act
+        self.scales = nn.Parameter(torch.ones(features, dtype=dtype, device=device))
+
+    def forward(self, x):
+        return self.act(x) / self.scales
+
+    def extra_repr(self) -> str:
+        return f"features={self.scales.shape[0]}"
+
+
+def _install_scaled_activations(model, checkpoint, prefix: str) -> None:
+    """Wraps in a ScaledActivation each activation module for which the checkpoint
+    holds a lone P.scales (no P.qweight beside it). Dropping those scales would
+    leave every output of the MLP wrong, so a P.scales the model has no
+    activation for is refused."""
+    tensors = checkpoint.tensors
+    layers = {layer.prefix for layer in checkpoint.layers}
+    modules = dict(model.named_modules(remove_duplicate=False))
+    cls = type(model).__name__
+    headed = bool(prefix) and any(n.startswith(prefix + ".") for n in tensors)
+    for source in sorted(tensors):
+        owner = source[: -len(".scales")]
+        if not source.endswith(".scales") or owner in layers:
+            continue
+        name = _model_name(owner, modules, prefix)
+        module = modules.get(name) if name is not None else None
+        if module is None:
+            if headed and not owner.startswith(prefix + "."):
+                continue  # the head's, which this model lacks; reported as not read
+            raise ValueError(
+                f"the checkpoint holds {source!r}, the scales of a scaled activation as "
+                f"AutoAWQ writes them, but {cls} has no module {owner!r} to divide them out "
+                "of (is config.json the checkpoint's own, and does transformers implement "
+                "this activation as a module?)")
+        if "scales" in module._parameters or "scales" in module._buffers:
+            continue  # the model's own tensor
+        if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
+            raise ValueError(
+                f"the checkpoint holds {source!r}, the scales of a scaled activation as "
+                f"AutoAWQ writes them, but {cls}'s {name} is a {type(module).__name__} with "
+                "tensors of its own, not an activation")
+        shape = list(tensors[source].shape)
+        if len(shape) != 1:
+            raise ValueError(f"{source} has shape {shape}; the scales of an activation are "
+                             "one value per channel")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child,
+                ScaledActivation(module, shape[0], device="meta"))
 
 
 def _slots(model):
@@ -439,7 +508,6 @@ def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 # What load_pretrained reads of a repository, the small files first.
 _HUB_CONFIG_FILES = (CONFIG_NAME, AUTOAWQ_CONFIG_NAME, "generation_config.json", INDEX_NAME)
-_HUB_WEIGHT_FILES = ("*.safetensors",)
 
 
 def _checkpoint_path(path, revision):
@@ -447,7 +515,8 @@ def _checkpoint_path(path, revision):
     else the folder huggingface_hub downloads the repository `path` into (its cache, shared
     with transformers): the configuration files first, checked, so that a checkpoint this
     package cannot run is refused before its weights are downloaded, then the .safetensors
-    files. Nothing is downloaded that the cache already holds."""
+    files the checkpoint is made of (the shards its index lists, else model.safetensors).
+    Nothing is downloaded that the cache already holds."""
     local = isinstance(path, (str, os.PathLike)) and Path(path).exists()
     if local or not (isinstance(path, str) and _REPO_ID.fullmatch(path)):
         if revision is not None:
@@ -465,8 +534,24 @@ def _checkpoint_path(path, revision):
                 f"{path}: no such file or folder, and no checkpoint of that name could be "
                 f"downloaded from the Hugging Face Hub ({type(e).__name__}: {e})") from e
 
-    check_folder_config(fetch(_HUB_CONFIG_FILES))
-    return fetch(_HUB_CONFIG_FILES + _HUB_WEIGHT_FILES)
+    configs = fetch(_HUB_CONFIG_FILES)
+    check_folder_config(configs)
+    return fetch(_HUB_CONFIG_FILES + tuple(glob.escape(f) for f in _hub_weight_files(configs)))
+
+
+def _hub_weight_files(folder: Path):
+    """The .safetensors files of the checkpoint whose configuration files are in `folder`:
+    the shards its index lists, else model.safetensors. An index that lists no file names
+    asks for none; open_checkpoint then says what is wrong with it."""
+    index = folder / INDEX_NAME
+    if not index.is_file():
+        return [SINGLE_FILE_NAME]
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        return sorted({f for f in weight_map.values() if isinstance(f, str)
+                       and f == Path(f).name and f.endswith(".safetensors")})
+    except (ValueError, AttributeError, TypeError):  # not JSON, or not of that form
+        return []
 
 
 def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
@@ -510,9 +595,10 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
 
     config = transformers.AutoConfig.from_pretrained(str(checkpoint.folder))
     cls = _model_class(transformers, config, model_class)
-    model = _build(cls, config)
+    model = _build(cls, config, dtype)
     prefix = getattr(model, "base_model_prefix", "") or ""
     _install_awq_layers(model, checkpoint, dtype, prefix)
+    _install_scaled_activations(model, checkpoint, prefix)
     plan, slots = _plan(model, checkpoint, prefix)
     generation = Path(checkpoint.folder) / "generation_config.json"
     if generation.is_file() and hasattr(model, "generation_config"):
@@ -526,4 +612,8 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     _load(model, checkpoint, plan, slots, dtype, device, progress)
     if hasattr(model.config, "dtype"):
         model.config.dtype = dtype
+    if getattr(model.config, "quantization_config", None) is None:
+        # A checkpoint described by AutoAWQ's quant_config.json alone: the model's own
+        # save_pretrained then writes the quantization_config that load_pretrained reads.
+        model.config.quantization_config = checkpoint.quant.to_dict()
     return model.eval()
