@@ -576,6 +576,101 @@ def test_awq_linear_under_autocast_computes_in_its_own_dtype(device):
                                rtol=2e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gradients_are_not_autocast_when_backward_runs_under_autocast(compiled):
+    """A float32 layer ignores autocast in its forward, and so its backward formulas do:
+    backward() inside torch.autocast, or the backward of a graph compiled there, keeps
+    float32 products (under bfloat16 autocast they would be off by about 1e-3)."""
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 64, torch.float32)
+    x = torch.randn(2, 5, 256)
+    g = torch.linspace(-1, 1, 2 * 5 * 64).reshape(2, 5, 64)
+    gw = torch.linspace(-1, 1, 256 * 64).reshape(256, 64)
+    fn = lambda xs, ss: OPS.linear(xs, qweight, qzeros, ss, bias, 64)
+    deq = lambda ss: OPS.dequantize(qweight, qzeros, ss, 64, None)
+    xs, ss, sd = x.clone().requires_grad_(), scales.clone().requires_grad_(), \
+        scales.clone().requires_grad_()
+    if compiled:  # traced under autocast, forward and backward alike; no cached graph
+        torch._dynamo.reset()
+        fn, deq = torch.compile(fn, fullgraph=True), torch.compile(deq, fullgraph=True)
+        with torch._inductor.config.patch(force_disable_caches=True):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y, w = fn(xs, ss), deq(sd)
+            (y * g).sum().backward()
+            (w * gw).sum().backward()
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (fn(xs, ss) * g).sum().backward()
+            (deq(sd) * gw).sum().backward()
+    offsets = (nibbles(qweight) - nibbles(qzeros).repeat_interleave(64, 0)).double()
+    W = lambda s: offsets * s.repeat_interleave(64, 0)  # float64 reference
+    s64 = scales.double()
+    torch.testing.assert_close(xs.grad.double(), g.double() @ W(s64).t(), rtol=1e-5, atol=1e-5)
+    want_s = torch.func.grad(lambda s: (x.double() @ W(s) * g.double()).sum())(s64)
+    torch.testing.assert_close(ss.grad.double(), want_s, rtol=1e-5, atol=1e-4)
+    want_d = torch.func.grad(lambda s: (W(s) * gw.double()).sum())(s64)
+    torch.testing.assert_close(sd.grad.double(), want_d, rtol=1e-5, atol=1e-4)
+
+
+def test_torch_func_grad_jacrev_and_per_sample_gradients():
+    """torch.func's reverse-mode transforms, which cannot run an op's autograd.Function,
+    go through the dense weight in differentiable ops: the gradients of a float64
+    reference, per sample under vmap too."""
+    from awq_fast_dequant.torch import _ops
+
+    for dtype in CPU_DTYPES:  # the dense weight is the kernel's, bit for bit
+        q, z, s, _ = layer_tensors(256, 64, 64, dtype)
+        assert torch.equal(_ops._dequantize_composite(q, z, s, 64, None),
+                           OPS.dequantize(q, z, s, 64, None)), dtype
+    layer = make_awq(dtype=torch.float32)
+    G = layer.group_size
+    x = torch.randn(4, 256)
+    offsets = (nibbles(layer.qweight) - nibbles(layer.qzeros).repeat_interleave(G, 0)).double()
+    dense = lambda v, s: v @ (offsets * s.repeat_interleave(G, 0)) + layer.bias.double()
+    s64 = layer.scales.double()
+    loss = lambda y: (y ** 2).sum()
+
+    got = torch.func.grad(lambda v: loss(layer(v)))(x)
+    want = torch.func.grad(lambda v: loss(dense(v, s64)))(x.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    got = torch.func.jacrev(layer)(x[0])
+    torch.testing.assert_close(got.double(), torch.func.jacrev(lambda v: dense(v, s64))(
+        x[0].double()), rtol=1e-5, atol=1e-5)
+    per_sample = torch.func.vmap(torch.func.grad(
+        lambda s, v: loss(torch.func.functional_call(layer, {"scales": s}, (v,)))),
+        in_dims=(None, 0))(layer.scales, x)
+    want = torch.stack([torch.func.grad(lambda s: loss(dense(v, s)))(s64)
+                        for v in x.double()])
+    assert per_sample.shape == (4, *layer.scales.shape)
+    torch.testing.assert_close(per_sample.double(), want, rtol=1e-4, atol=1e-3)
+    got = torch.func.grad(lambda s: (OPS.dequantize(layer.qweight, layer.qzeros, s, G, None)
+                                     ** 2).sum())(layer.scales)
+    torch.testing.assert_close(got.double(), torch.func.grad(
+        lambda s: ((offsets * s.repeat_interleave(G, 0)) ** 2).sum())(s64), rtol=1e-5,
+        atol=1e-4)
+
+
+def test_awq_linear_with_weights_that_are_not_contiguous():
+    """Weights put in place without a copy (load_state_dict(assign=True), assignment,
+    functional_call) may be views that are not contiguous: forward computes the same."""
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        want = layer(x)
+    views = {name: t.t().contiguous().t() for name, t in layer.state_dict().items()
+             if t.dim() == 2}
+    assert not any(v.is_contiguous() for v in views.values())
+    with torch.no_grad():
+        assert torch.equal(torch.func.functional_call(layer, views, (x,)), want)
+        other = make_awq(dtype=torch.float32, seed=1)
+        other.load_state_dict({**views, "bias": layer.bias}, assign=True)
+        assert not other.qweight.is_contiguous()
+        assert torch.equal(other(x), want)
+        other.scales = views["scales"]
+        assert torch.equal(other(x), want)
+        with pytest.raises(ValueError, match="x's last dimension"):  # other errors stand
+            other(x[:, :128])
+
+
 def test_awq_linear_forward_mode_ad_is_that_of_its_dense_weight():
     """jacfwd (torch.func) and forward_ad's dual tensors, in eager mode, where forward
     would otherwise call the C extension, which knows nothing of tangents."""

@@ -93,7 +93,8 @@ class AWQLinear(nn.Module):
         bias     dtype [out_features], or None
 
     ``group_size`` -1 means one group per layer (G = in_features). dtype is
-    float16 (default), bfloat16 or float32 (float32: the CPU); x must have it.
+    float16 (default), bfloat16 or float32 (on the GPU the CUDA-core kernel);
+    x must have it.
 
     In eager mode forward calls the C extension directly; under torch.compile
     it calls the registered op ``torch.ops.awq_fast_dequant.linear``, which
@@ -146,19 +147,24 @@ class AWQLinear(nn.Module):
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
+        weights = (b["qweight"], b["qzeros"], scales, bias)
         try:
-            return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
+            return _linear(x, *weights[:3], bias, group_size=self.group_size)
         except TypeError:
             if not (x.is_meta or _is_functorch_wrapped(x)
-                    or any(t is not None and _is_functorch_wrapped(t)
-                           for t in (b["qweight"], b["qzeros"], scales, bias))
+                    or any(t is not None and _is_functorch_wrapped(t) for t in weights)
                     or (x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
+                raise
+        except ValueError:
+            if all(t is None or t.is_contiguous() for t in weights):
                 raise
         # x without memory of its own: on the meta device (the op's fake kernel gives the
         # output, as nn.Linear does) or wrapped by torch.func (vmap, grad), or buffers that
-        # torch.func wraps (vmap over stacked weights through functional_call); or x of
-        # another dtype under torch.autocast, which the op casts to the scales' dtype
-        return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
+        # torch.func wraps (vmap over stacked weights through functional_call); x of
+        # another dtype under torch.autocast, which the op casts to the scales' dtype; or
+        # a weight that is not contiguous (put in by load_state_dict(assign=True), by
+        # assignment or by functional_call), which the op makes contiguous
+        return _ops.linear(x, *weights, self.group_size)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, hessian=None,

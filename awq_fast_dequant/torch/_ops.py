@@ -258,6 +258,13 @@ def _dequantize_fake(qweight, qzeros, scales, group_size=None, out_dtype=None):
                             dtype=scales.dtype if out_dtype is None else out_dtype)
 
 
+def _no_autocast(grad: torch.Tensor):
+    """A backward formula's products in the dtypes it names, also when backward runs
+    under torch.autocast (backward() called inside it, or a compiled graph traced
+    there): the layer's forward ignores autocast, and so its gradients do."""
+    return torch.autocast(grad.device.type, enabled=False)
+
+
 class _Dequantize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, keyset, qweight, qzeros, scales, group_size, out_dtype):
@@ -274,9 +281,10 @@ class _Dequantize(torch.autograd.Function):
         qweight, qzeros, scales = ctx.saved_tensors
         grad_scales = None
         if ctx.needs_input_grad[3]:
-            K, G, N = _groups(qweight, scales)
-            offsets = _zero_offsets(qweight, qzeros, ctx.group_size)
-            grad_scales = _group_sums(grad.float() * offsets, K, G, N).to(ctx.scales_dtype)
+            with _no_autocast(grad):
+                K, G, N = _groups(qweight, scales)
+                offsets = _zero_offsets(qweight, qzeros, ctx.group_size)
+                grad_scales = _group_sums(grad.float() * offsets, K, G, N).to(ctx.scales_dtype)
         return None, None, None, grad_scales, None, None
 
 
@@ -290,12 +298,24 @@ def _dequantize_jvp(qweight, qzeros, scales, group_size, out_dtype):
     return _fwad.make_dual(w, _DEQUANTIZE(qweight, qzeros, tangent, group_size, w.dtype))
 
 
+def _dequantize_composite(qweight, qzeros, scales, group_size, out_dtype):
+    """dequantize written with differentiable torch ops, for torch.func's transforms
+    (grad, jacrev, vmap of grad), which cannot run an autograd.Function that an op's
+    autograd kernel applies (nor one of torch.library.custom_op's): q - z exactly,
+    times the scales in float32, rounded once to out_dtype -- the kernel's values."""
+    K, G, N = _groups(qweight, scales)
+    w = _zero_offsets(qweight, qzeros, group_size) * scales.float().repeat_interleave(G, dim=0)
+    return w.to(scales.dtype if out_dtype is None else out_dtype)
+
+
 def _dequantize_autograd(keyset, qweight, qzeros, scales, group_size=None, out_dtype=None):
     if FWAD._current_level >= 0:
         w = _dequantize_jvp(qweight, qzeros, scales, group_size, out_dtype)
         if w is not None:
             return w
     if _C.is_grad_enabled() and scales.requires_grad:
+        if _C._are_functorch_transforms_active():
+            return _dequantize_composite(qweight, qzeros, scales, group_size, out_dtype)
         return _Dequantize.apply(keyset, qweight, qzeros, scales, group_size, out_dtype)
     return _without_grad(_DEQUANTIZE, _dequantize_kernel, keyset, qweight, qzeros, scales,
                          group_size, out_dtype)
@@ -366,6 +386,11 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with _no_autocast(grad):
+            return _Linear._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         x, qweight, qzeros, scales = ctx.saved_tensors
         K, G, N = _groups(qweight, scales)
         grad_x = grad_scales = grad_bias = None
@@ -413,6 +438,9 @@ def _linear_autograd(keyset, x, qweight, qzeros, scales, bias=None, group_size=N
             return y
     if _C.is_grad_enabled() and (x.requires_grad or scales.requires_grad
                                  or (bias is not None and bias.requires_grad)):
+        if _C._are_functorch_transforms_active():
+            y = x @ _dequantize_composite(qweight, qzeros, scales, group_size, x.dtype)
+            return y if bias is None else y + bias
         return _Linear.apply(keyset, x, qweight, qzeros, scales, bias, group_size)
     return _without_grad(_LINEAR, _linear_kernel, keyset, x, qweight, qzeros, scales, bias,
                          group_size)
