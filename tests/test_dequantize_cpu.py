@@ -1,12 +1,16 @@
 """The CPU backend against the NumPy reference, bit for bit."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import awq_fast_dequant as awq
 from awq_fast_dequant import reference
 
-from conftest import DTYPES, SWEEP_KG, SWEEP_N, make_problem, np_dtype
+from conftest import DTYPES, SWEEP_KG, SWEEP_N, child_env, make_problem, np_dtype
 
 PAIRS = [(s, o) for s in DTYPES for o in DTYPES]
 
@@ -21,13 +25,58 @@ def test_sweep_bitexact(rng, scale_dtype, out_dtype):
             reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
 
 
-@pytest.mark.parametrize("scale_dtype,out_dtype", PAIRS)
-def test_scalar_path_bitexact(rng, monkeypatch, scale_dtype, out_dtype):
-    """The portable path (taken where AVX2/F16C is missing) gives the same bits."""
-    monkeypatch.setenv("AWQ_FAST_DEQUANT_CPU_SCALAR", "1")
-    qw, qz, sc = make_problem(rng, 256, 136, 64, scale_dtype)
-    got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
-    reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+SCALAR_SWEEP = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import awq_fast_dequant as awq
+from awq_fast_dequant import reference
+from conftest import DTYPES, SWEEP_KG, make_problem
+assert awq.build_info()["cpu_simd"] == "scalar", awq.build_info()["cpu_simd"]
+rng = np.random.default_rng(7)
+checked = 0
+for scale_dtype in DTYPES:
+    for out_dtype in DTYPES:
+        for K, G in SWEEP_KG:
+            qw, qz, sc = make_problem(rng, K, 136, G, scale_dtype)
+            got = awq.dequantize(qw, qz, sc, out_dtype=out_dtype)
+            reference.assert_bitexact(got, reference.dequantize(qw, qz, sc, out_dtype=out_dtype))
+            checked += 1
+print(checked)
+"""
+
+
+def test_scalar_path_bitexact(tmp_path):
+    """The portable path (taken where AVX2/F16C is missing) gives the same bits. It is
+    chosen once per process, so a fresh one runs it, with AWQ_FAST_DEQUANT_CPU_SCALAR=1."""
+    r = subprocess.run([sys.executable, "-c", SCALAR_SWEEP, str(Path(__file__).parent)],
+                       env=child_env(AWQ_FAST_DEQUANT_CPU_SCALAR="1"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == len(DTYPES) ** 2 * len(SWEEP_KG)
+
+
+def _cpu_simd_in_child(tmp_path, scalar):
+    """build_info()["cpu_simd"] of a fresh process (the variable is read once
+    per process) with AWQ_FAST_DEQUANT_CPU_SCALAR unset (None) or set."""
+    env = child_env()
+    env.pop("AWQ_FAST_DEQUANT_CPU_SCALAR", None)
+    if scalar is not None:
+        env["AWQ_FAST_DEQUANT_CPU_SCALAR"] = scalar
+    r = subprocess.run(
+        [sys.executable, "-c", "import awq_fast_dequant as a; print(a.build_info()['cpu_simd'])"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("value,forced", [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_cpu_scalar_variable_forces_only_when_on(tmp_path, value, forced):
+    """Empty or "0" leaves the vector path, as for the other AWQ_FAST_DEQUANT_*
+    switches; any other value forces the scalar one."""
+    if _cpu_simd_in_child(tmp_path, None) == "scalar":
+        pytest.skip("this CPU or build has no AVX2 + F16C path")
+    assert (_cpu_simd_in_child(tmp_path, value) == "scalar") == forced
 
 
 def test_every_half_scale():

@@ -32,7 +32,8 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
  * and the configuration, never by the threads' timing. */
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
 /* The vector path the fused linear takes on this CPU: "avx512f+f16c",
- * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR=1 forces it).
+ * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR set to anything
+ * but "" or "0" forces it).
  * Every path gives the same bits. */
 const char *awq_cpu_linear_simd(void);
 
@@ -97,7 +98,7 @@ static inline int awq_cpu_grid_candidates(const int64_t *chunks, int nchunks, in
 }
 
 /* 1 when the AVX2 + F16C kernels run (the CPU has both, and
- * AWQ_FAST_DEQUANT_CPU_SCALAR is unset). */
+ * AWQ_FAST_DEQUANT_CPU_SCALAR is unset, empty or "0"; read once). */
 int awq_cpu_use_avx2(void);
 const char *awq_cpu_simd(void); /* the vector path the running CPU takes, e.g. "avx2+f16c" */
 
