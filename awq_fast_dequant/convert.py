@@ -405,6 +405,22 @@ class _TorchBackend:
         return buffer.numpy()
 
 
+def _check_no_scaled_activations(ckpt) -> None:
+    """AutoAWQ's scaled activations (a lone <activation>.scales, as in GPT-J, Falcon,
+    MPT, BLOOM, GPT-BigCode, StarCoder2 and GPT-NeoX checkpoints) divide the
+    activation's output by scales that were folded into the next layer's weights.
+    A dense checkpoint has no place for them: transformers would load it without
+    them and compute wrong outputs. Refused, before anything is written."""
+    lone = [t.name for t in ckpt.others if t.name.endswith(".scales")]
+    if lone:
+        more = f" and {len(lone) - 3} more" if len(lone) > 3 else ""
+        raise ConvertError(
+            f"{ckpt.path}: the checkpoint holds AutoAWQ's scaled activations "
+            f"({', '.join(lone[:3])}{more}), which a dense checkpoint has no place for "
+            "(transformers would load it without them and compute wrong outputs); run it "
+            "with awq_fast_dequant.torch.load_pretrained, which applies them")
+
+
 def _check_dtype(dtype, ckpt) -> str:
     if dtype is None:
         kinds = {layer.scales_dtype for layer in ckpt.layers}
@@ -652,12 +668,15 @@ def convert(src, dst, *, dtype=None, device="cpu", layout="linear", group_size=N
 
     Every other tensor is copied unchanged, shards mirror src's (with a new
     index), config.json loses quantization_config and gets torch_dtype, and
-    the other files of src's folder are copied. Raises CheckpointError or
+    the other files of src's folder are copied. A checkpoint with AutoAWQ's
+    scaled activations (<activation>.scales) is refused: a dense one has no
+    place for them. Raises CheckpointError or
     ConvertError (both ValueError) before writing anything; on any failure
     nothing is left under dst.
     """
     start = time.perf_counter()
     ckpt = open_checkpoint(src, group_size=group_size)
+    _check_no_scaled_activations(ckpt)
     dtype = _check_dtype(dtype, ckpt)
     layout = _check_layout(layout)
     dst = _check_destination(dst, ckpt, overwrite)

@@ -263,6 +263,16 @@ def test_bad_shapes_write_nothing(tmp_path, tensors):
     assert_nothing_left(tmp_path, tmp_path / "dst")
 
 
+def test_scaled_activations_write_nothing(tmp_path, tensors):
+    """A dense checkpoint has no place for AutoAWQ's activation scales: transformers
+    would load it without them and compute wrong outputs."""
+    tensors["model.layers.0.mlp.act.scales"] = np.full(96, 2.0, np.float16)
+    _refused(tmp_path, write_checkpoint(tmp_path / "src", tensors), cv.ConvertError,
+             r"holds AutoAWQ's scaled activations \(model.layers.0.mlp.act.scales\).*"
+             r"load_pretrained")
+    assert_nothing_left(tmp_path, tmp_path / "dst")
+
+
 def test_missing_shard_writes_nothing(tmp_path, tensors):
     src = write_checkpoint(tmp_path / "src", tensors, shards=2)
     (src / "model-00001-of-00002.safetensors").unlink()
