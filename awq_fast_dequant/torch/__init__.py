@@ -14,8 +14,9 @@ and provides:
 - quantize_model(model, group_size=128, skip=("lm_head",), calibration=None):
   every fitting nn.Linear of a model replaced by an AWQLinear, in place,
   rounded to nearest or, given calibration inputs, with error feedback;
-- load_pretrained(path, *, dtype=None, device=None): a Hugging Face AWQ
-  checkpoint folder loaded into its transformers model (needs the 'hf' extra).
+- load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
+  revision=None): a Hugging Face AWQ checkpoint, a folder or a Hub repository,
+  loaded into its transformers model (needs the 'hf' extra).
 """
 
 from ._ops import dequantize, dequantize_out, linear
