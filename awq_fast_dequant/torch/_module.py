@@ -147,15 +147,16 @@ class AWQLinear(nn.Module):
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
-        weights = (b["qweight"], b["qzeros"], scales, bias)
         try:
-            return _linear(x, *weights[:3], bias, group_size=self.group_size)
+            return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
+            weights = (b["qweight"], b["qzeros"], scales, bias)
             if not (x.is_meta or _is_functorch_wrapped(x)
                     or any(t is not None and _is_functorch_wrapped(t) for t in weights)
                     or (x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
                 raise
         except ValueError:
+            weights = (b["qweight"], b["qzeros"], scales, bias)
             if all(t is None or t.is_contiguous() for t in weights):
                 raise
         # x without memory of its own: on the meta device (the op's fake kernel gives the
