@@ -277,6 +277,14 @@ class Checkpoint:
     file_metadata: dict           # shard -> its safetensors __metadata__ (or None)
     own_files: frozenset          # the names in folder this checkpoint is made of
 
+    @property
+    def activation_scales(self) -> tuple[TensorInfo, ...]:
+        """The lone P.scales tensors (no P.qweight beside them): AutoAWQ's scaled
+        activations, by which an activation's output is divided (the next layer's
+        weights hold their product), in GPT-J, Falcon, MPT, BLOOM, GPT-BigCode,
+        StarCoder2 and GPT-NeoX checkpoints."""
+        return tuple(t for t in self.others if t.name.endswith(".scales"))
+
     def unreadable(self, framework: str, names=None) -> list[TensorInfo]:
         """The tensors (of `names`, default all) that safetensors cannot return
         in `framework` ("numpy" or "pt")."""

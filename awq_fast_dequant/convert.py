@@ -406,12 +406,10 @@ class _TorchBackend:
 
 
 def _check_no_scaled_activations(ckpt) -> None:
-    """AutoAWQ's scaled activations (a lone <activation>.scales, as in GPT-J, Falcon,
-    MPT, BLOOM, GPT-BigCode, StarCoder2 and GPT-NeoX checkpoints) divide the
-    activation's output by scales that were folded into the next layer's weights.
-    A dense checkpoint has no place for them: transformers would load it without
-    them and compute wrong outputs. Refused, before anything is written."""
-    lone = [t.name for t in ckpt.others if t.name.endswith(".scales")]
+    """AutoAWQ's scaled activations (Checkpoint.activation_scales): a dense checkpoint
+    has no place for them, and transformers would load it without them and compute
+    wrong outputs. Refused, before anything is written."""
+    lone = [t.name for t in ckpt.activation_scales]
     if lone:
         more = f" and {len(lone) - 3} more" if len(lone) > 3 else ""
         raise ConvertError(

@@ -202,19 +202,24 @@ def _model_name(ckpt_name: str, model_names, prefix: str):
     return None
 
 
+def _in_a_head(ckpt_name: str, checkpoint, prefix: str) -> bool:
+    """Whether the checkpoint tensor or module `ckpt_name` lies outside the body of a
+    checkpoint saved from a model with a head, which names its body's tensors under the
+    base model's prefix: a model without one (the base model class) has no place for
+    it. Such layers and activations are left out, as the head's dense tensors are, and
+    _plan reports their tensors as unread; one inside the body that the model lacks
+    means config.json does not describe the checkpoint."""
+    return (bool(prefix) and not ckpt_name.startswith(prefix + ".")
+            and any(n.startswith(prefix + ".") for n in checkpoint.tensors))
+
+
 def _install_awq_layers(model, checkpoint, dtype, prefix: str) -> None:
     modules = dict(model.named_modules())
-    # A checkpoint saved from a model with a head names its body's tensors under the base
-    # model's prefix; what lies outside it is the head, which a model without one (the
-    # base model class) has no place for. Its layers are left out, as its dense tensors
-    # are, and _plan reports their tensors as unread. A layer inside the body that the
-    # model lacks means config.json does not describe the checkpoint.
-    headed = bool(prefix) and any(n.startswith(prefix + ".") for n in checkpoint.tensors)
     for layer in checkpoint.layers:
         name = _model_name(layer.prefix, modules, prefix)
         module = modules.get(name) if name is not None else None
         if module is None:
-            if headed and not layer.prefix.startswith(prefix + "."):
+            if _in_a_head(layer.prefix, checkpoint, prefix):
                 continue
             raise ValueError(
                 f"the checkpoint quantizes layer {layer.prefix!r}, which {type(model).__name__} "
@@ -257,23 +262,18 @@ class ScaledActivation(nn.Module):
 
 def _install_scaled_activations(model, checkpoint, prefix: str) -> None:
     """Wraps in a ScaledActivation each activation module for which the checkpoint
-    holds a lone P.scales (no P.qweight beside it). Dropping those scales would
-    leave every output of the MLP wrong, so a P.scales the model has no
+    holds a lone P.scales (Checkpoint.activation_scales). Dropping those scales
+    would leave every output of the MLP wrong, so a P.scales the model has no
     activation for is refused."""
-    tensors = checkpoint.tensors
-    layers = {layer.prefix for layer in checkpoint.layers}
     modules = dict(model.named_modules(remove_duplicate=False))
     cls = type(model).__name__
-    headed = bool(prefix) and any(n.startswith(prefix + ".") for n in tensors)
-    for source in sorted(tensors):
-        owner = source[: -len(".scales")]
-        if not source.endswith(".scales") or owner in layers:
-            continue
+    for info in checkpoint.activation_scales:
+        source, owner = info.name, info.name[: -len(".scales")]
         name = _model_name(owner, modules, prefix)
         module = modules.get(name) if name is not None else None
         if module is None:
-            if headed and not owner.startswith(prefix + "."):
-                continue  # the head's, which this model lacks; reported as not read
+            if _in_a_head(owner, checkpoint, prefix):
+                continue
             raise ValueError(
                 f"the checkpoint holds {source!r}, the scales of a scaled activation as "
                 f"AutoAWQ writes them, but {cls} has no module {owner!r} to divide them out "
@@ -286,7 +286,7 @@ def _install_scaled_activations(model, checkpoint, prefix: str) -> None:
                 f"the checkpoint holds {source!r}, the scales of a scaled activation as "
                 f"AutoAWQ writes them, but {cls}'s {name} is a {type(module).__name__} with "
                 "tensors of its own, not an activation")
-        shape = list(tensors[source].shape)
+        shape = list(info.shape)
         if len(shape) != 1:
             raise ValueError(f"{source} has shape {shape}; the scales of an activation are "
                              "one value per channel")

@@ -303,7 +303,7 @@ def _dequantize_composite(qweight, qzeros, scales, group_size, out_dtype):
     (grad, jacrev, vmap of grad), which cannot run an autograd.Function that an op's
     autograd kernel applies (nor one of torch.library.custom_op's): q - z exactly,
     times the scales in float32, rounded once to out_dtype -- the kernel's values."""
-    K, G, N = _groups(qweight, scales)
+    _, G, _ = _groups(qweight, scales)
     w = _zero_offsets(qweight, qzeros, group_size) * scales.float().repeat_interleave(G, dim=0)
     return w.to(scales.dtype if out_dtype is None else out_dtype)
 
