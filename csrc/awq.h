@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __cplusplus
@@ -210,6 +211,15 @@ static inline int awq_block_size_valid(int64_t b)
 static inline int awq_rows_valid(int64_t r)
 {
     return r >= 1 && r <= AWQ_MAX_ROWS && (r & (r - 1)) == 0;
+}
+
+/* Whether the switch `name` (an environment variable) is on: set to anything
+ * but "" or "0". The rule of every AWQ_FAST_DEQUANT_* on/off switch but
+ * AWQ_FAST_DEQUANT_AUTOTUNE, which is on unless it is turned off. */
+static inline int awq_env_switch(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
 #ifdef __cplusplus

@@ -59,16 +59,6 @@ int awq_cpu_threads(int requested)
     return requested > 0 && requested < max ? requested : max;
 }
 
-#ifdef AWQ_X86_DISPATCH
-/* AWQ_FAST_DEQUANT_CPU_SCALAR forces the portable path when set to anything
- * but "" or "0" (the rule of AWQ_FAST_DEQUANT_RUNTIME_LAUNCH). */
-static int scalar_forced(void)
-{
-    const char *v = getenv("AWQ_FAST_DEQUANT_CPU_SCALAR");
-    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
-}
-#endif
-
 int awq_cpu_use_avx2(void)
 {
 #ifdef AWQ_X86_DISPATCH
@@ -76,7 +66,7 @@ int awq_cpu_use_avx2(void)
     if (cached < 0) {
         __builtin_cpu_init();
         cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                 !scalar_forced();
+                 !awq_env_switch("AWQ_FAST_DEQUANT_CPU_SCALAR");
     }
     return cached;
 #else

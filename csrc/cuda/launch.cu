@@ -83,17 +83,11 @@ int64_t device_resident_blocks(int dev, int block)
 }
 
 #if AWQ_DRIVER_LAUNCH
-static bool runtime_launch_forced()
-{
-    const char *v = getenv("AWQ_FAST_DEQUANT_RUNTIME_LAUNCH");
-    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
-}
-
 /* cuLaunchKernel, or nullptr: resolved on first use (thread-safe static). */
 DriverLaunchFn driver_launch_fn()
 {
     static const DriverLaunchFn fn = []() -> DriverLaunchFn {
-        if (runtime_launch_forced()) return nullptr;
+        if (awq_env_switch("AWQ_FAST_DEQUANT_RUNTIME_LAUNCH")) return nullptr;
         void *p = nullptr;
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
         if (clear_error(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault,
