@@ -47,47 +47,49 @@ SENTENCES = [
     "Where is the nearest train station?",
     "Le chat dort sur le canapé.",
 ]
-# Calibration text, none of it in SENTENCES nor in HELD_OUT: 843 sentences written for it,
-# of the kinds a sentence-embedding model is given (captions of everyday scenes, news,
-# reviews and opinions, questions, instructions, science and technology, a few in other
-# languages), one a line...
+# Calibration text, none of it in SENTENCES nor in HELD_OUT (nor a paraphrase of either):
+# 843 sentences written for it, of the kinds a sentence-embedding model is given (captions
+# of everyday scenes, news, reviews and opinions, questions, instructions, science and
+# technology, a few in other languages), one a line...
 CALIBRATION = (Path(__file__).with_name("minilm_calibration.txt")
                .read_text(encoding="utf-8").splitlines())
 # Sentences of the same kinds held out from the calibration and from SENTENCES, on which
-# the calibrated model is measured too: what it gains on text it was not calibrated on.
+# the calibrated model is measured too: what it gains on text it was not calibrated on. None
+# is closer to a calibration sentence than the SENTENCES are (cosine of the float32 model's
+# embeddings with the nearest calibration sentence at most 0.533; for SENTENCES 0.586).
 HELD_OUT = [
     "A woman is walking a goat along a country lane.",
-    "Two men are painting a mural on a brick wall.",
-    "A boy is playing a video game on the sofa.",
     "A chef is tasting the sauce with a wooden spoon.",
     "A girl is jumping over puddles in yellow boots.",
-    "A man is building a sandcastle with his daughter.",
-    "The orchestra played until well after midnight.",
-    "Our neighbors adopted a puppy from the shelter.",
+    "A boy is playing a video game on the sofa.",
+    "A plumber is unblocking the drain under the sink.",
+    "A beekeeper is lifting a frame out of the hive.",
+    "Two sisters are arguing over the remote control.",
+    "Grandpa fell asleep in his armchair after lunch.",
+    "She framed her diploma and hung it in the hall.",
+    "The clock in the hallway stopped at noon.",
+    "The librarian stamped the due date in the book.",
+    "The museum guard asked us not to touch the statue.",
+    "The lawyer asked the witness a difficult question.",
     "The hospital hired fifty new nurses this year.",
-    "The river rose by two meters overnight.",
-    "The bakery on my street sells amazing cinnamon rolls.",
-    "The concert was cancelled because the singer was ill.",
-    "I thought the exhibition was dull and overpriced.",
-    "This coffee machine is easy to use and makes great espresso.",
-    "The final episode was a huge disappointment.",
-    "The view from the top of the tower is breathtaking.",
-    "How long is the drive to the coast?",
+    "The wolves howled in the distance.",
+    "The stadium tour was surprisingly dull.",
+    "The soap opera has gone on far too long.",
+    "This perfume smells lovely but fades within an hour.",
+    "I was annoyed that the parcel arrived without the charger.",
+    "How do I get a refund for a cancelled ticket?",
     "Does this shop sell batteries?",
     "What should I bring to the picnic?",
     "Is the swimming pool open in winter?",
-    "Cut the onions into thin slices.",
-    "Keep the receipt until the warranty expires.",
+    "Sprinkle the seeds evenly over the soil.",
+    "Fold the towels before putting them away.",
     "The program stops when it reaches the end of the list.",
     "The phone's screen cracked when I dropped it.",
     "The virus spreads through small droplets in the air.",
-    "Volcanic ash can disrupt air travel for days.",
-    "A whale surfaced right next to our boat.",
-    "The wolves howled in the distance.",
+    "Glaciers carve deep valleys over thousands of years.",
+    "Submarines use sonar to detect objects underwater.",
+    "The theorem was proved more than a century ago.",
     "Ma grand-mère habite dans un petit village.",
-    "Der Bäcker backt jeden Morgen frische Brötchen.",
-    "Los niños juegan al fútbol en la calle.",
-    "La spiaggia è piena di turisti in agosto.",
 ]
 # ... and word sequences that cover the vocabulary these sentences do not: VOCABULARY_SEQUENCES
 # sequences of WORDS_PER_SEQUENCE whole words, each WORD_STRIDE entries of the word list after
@@ -107,9 +109,9 @@ MSE_FLOOR = {128: (0.950, 0.963), 64: (0.954, 0.970)}
 # order with min-max grids (at G = 128 0.9861 and 0.9888, at G = 64 0.9868 and 0.9911).
 CALIBRATED_FLOOR = {128: (0.989, 0.992), 64: (0.991, 0.993)}
 ROW_ORDER_FLOOR = {128: (0.985, 0.988), 64: (0.986, 0.991)}
-# On HELD_OUT the default reaches 0.9889 and 0.9924 at G = 128, 0.9903 and 0.9936 at G = 64
-# (min-max: 0.9496 and 0.9615, 0.9595 and 0.9680).
-HELD_OUT_FLOOR = {128: (0.988, 0.992), 64: (0.990, 0.993)}
+# On HELD_OUT the default reaches 0.9863 and 0.9916 at G = 128, 0.9892 and 0.9929 at G = 64
+# (min-max: 0.9509 and 0.9613, 0.9611 and 0.9686).
+HELD_OUT_FLOOR = {128: (0.986, 0.991), 64: (0.989, 0.992)}
 # The quantized model against the dense model of its own dequantized weights.
 SAME_MODEL = 0.9999
 
