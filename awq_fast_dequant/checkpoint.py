@@ -47,6 +47,7 @@ __all__ = [
     "open_checkpoint",
     "open_safetensors",
     "check_folder_config",
+    "shard_names",
     "DTYPE_SIZES",
 ]
 
@@ -410,26 +411,43 @@ def _read_headers(folder: Path, files, index):
     return tensors, metadata
 
 
+def _index_shards(folder: Path):
+    """(shard file names, index) that the folder's index lists, the index checked for
+    form; ((), None) without an index. Whether the shards are there is not checked."""
+    index_path = folder / INDEX_NAME
+    if not index_path.is_file():
+        return (), None
+    index = _read_json(index_path, "index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointFileError(
+            f"{index_path}: expected an object with a non-empty 'weight_map' of "
+            "tensor name -> file name")
+    files = tuple(dict.fromkeys(sorted(weight_map.values())))
+    for file in files:
+        if Path(file).name != file:
+            raise CheckpointFileError(
+                f"{index_path}: shard {file!r} is not a file name in the checkpoint folder")
+    return files, index
+
+
+def shard_names(folder) -> tuple:
+    """The names of the files that hold the weights of the checkpoint folder `folder`:
+    the shards its index lists, else model.safetensors. Only the index is read (and
+    checked, raising CheckpointFileError as open_checkpoint does); the files need not
+    be there yet."""
+    return _index_shards(Path(folder))[0] or (SINGLE_FILE_NAME,)
+
+
 def _find_shards(folder: Path):
     """(files, index) of a checkpoint folder."""
-    index_path = folder / INDEX_NAME
-    if index_path.is_file():
-        index = _read_json(index_path, "index")
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map or not all(
-                isinstance(v, str) for v in weight_map.values()):
-            raise CheckpointFileError(
-                f"{index_path}: expected an object with a non-empty 'weight_map' of "
-                "tensor name -> file name")
-        files = tuple(dict.fromkeys(sorted(weight_map.values())))
-        for file in files:
-            if Path(file).name != file:
-                raise CheckpointFileError(
-                    f"{index_path}: shard {file!r} is not a file name in the checkpoint folder")
+    files, index = _index_shards(folder)
+    if index is not None:
         missing = [f for f in files if not (folder / f).is_file()]
         if missing:
             raise CheckpointFileError(
-                f"{index_path} lists {len(files)} shards; missing from {folder}: "
+                f"{folder / INDEX_NAME} lists {len(files)} shards; missing from {folder}: "
                 f"{', '.join(missing)}")
         return files, index
     if (folder / SINGLE_FILE_NAME).is_file():

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import logging
 import os
 import re
@@ -44,12 +43,12 @@ from awq_fast_dequant.checkpoint import (
     AUTOAWQ_CONFIG_NAME,
     CONFIG_NAME,
     INDEX_NAME,
-    SINGLE_FILE_NAME,
     CheckpointFileError,
     TensorReader,
     check_folder_config,
     format_nbytes,
     open_checkpoint,
+    shard_names,
 )
 
 from ._module import AWQLinear, _scale_dtype
@@ -536,22 +535,7 @@ def _checkpoint_path(path, revision):
 
     configs = fetch(_HUB_CONFIG_FILES)
     check_folder_config(configs)
-    return fetch(_HUB_CONFIG_FILES + tuple(glob.escape(f) for f in _hub_weight_files(configs)))
-
-
-def _hub_weight_files(folder: Path):
-    """The .safetensors files of the checkpoint whose configuration files are in `folder`:
-    the shards its index lists, else model.safetensors. An index that lists no file names
-    asks for none; open_checkpoint then says what is wrong with it."""
-    index = folder / INDEX_NAME
-    if not index.is_file():
-        return [SINGLE_FILE_NAME]
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-        return sorted({f for f in weight_map.values() if isinstance(f, str)
-                       and f == Path(f).name and f.endswith(".safetensors")})
-    except (ValueError, AttributeError, TypeError):  # not JSON, or not of that form
-        return []
+    return fetch(_HUB_CONFIG_FILES + tuple(glob.escape(f) for f in shard_names(configs)))
 
 
 def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,

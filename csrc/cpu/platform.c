@@ -17,7 +17,6 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
