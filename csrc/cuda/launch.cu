@@ -4,7 +4,6 @@
  * not about one operation (device count and identity, graph-capture state,
  * the L2 flush used by timing, the empty launch of the benchmark's floor).
  */
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
