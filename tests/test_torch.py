@@ -1075,11 +1075,12 @@ class TwoInputs(nn.Module):
 
 
 def hessian_of(inputs):
-    """X^T X accumulated as quantize_model does: float32, one item after another."""
+    """X^T X accumulated as quantize_model does: float32, x^T x of one input after
+    another, added up."""
     total = None
     for x in inputs:
         x = x.reshape(-1, x.shape[-1]).float()
-        total = x.T @ x if total is None else total.addmm_(x.T, x)
+        total = x.T @ x if total is None else total.add_(x.T @ x)
     return total
 
 
@@ -1115,6 +1116,66 @@ def test_quantize_model_calibration_is_gptq_of_each_layers_dense_inputs(caplog):
     assert all(m.training for m in model.modules())
     assert all(not m._forward_pre_hooks for m in dense.modules())
     assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+class SharedInputs(nn.Module):
+    """q, k and v of one tensor, as in attention, then o; gate and up of one tensor, as
+    in a gated FFN; except where the item says otherwise: "split" gives up another
+    tensor, "in place" changes gate's input in place before up reads it, "twice"
+    runs o twice on the same tensor, "no v" leaves v out."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(64, 32) for _ in range(3))
+        self.o = nn.Linear(32, 64)
+        self.gate, self.up = nn.Linear(64, 96), nn.Linear(64, 96)
+
+    def forward(self, x, how=""):
+        h = self.q(x) * self.k(x)
+        if how != "no v":
+            h = h + self.v(x)
+        y = self.o(h) + self.o(h) if how == "twice" else self.o(h)
+        g = self.gate(y)
+        if how == "in place":
+            y.mul_(2)
+        return g * self.up(y * 3 if how == "split" else y)
+
+
+def test_quantize_model_layers_with_one_input_share_its_statistics():
+    from awq_fast_dequant.torch import _module
+
+    torch.manual_seed(0)
+    model = SharedInputs()
+    layers = dict(model.named_children())
+    items = [(torch.randn(5, 64), how) for how in ("", "split", "twice", "in place", "no v", "")]
+
+    def statistics(items):
+        stats, count = _module._input_statistics(
+            model, {id(m): m for m in layers.values()}, items,
+            _module._Progress(False, "calibration", None, "input"))
+        assert count == len(items)
+        return {name: stats[id(m)] for name, m in layers.items()}
+
+    inputs = {name: [] for name in layers}
+    hooks = [m.register_forward_pre_hook(lambda m, args, name=name: inputs[name].append(
+        args[0].clone())) for name, m in layers.items()]
+    with torch.no_grad():
+        for item in items:
+            model(*item)
+    for hook in hooks:
+        hook.remove()
+    assert len(inputs["o"]) == 7 and len(inputs["v"]) == 5
+
+    got = statistics(items[:1])
+    assert got["q"] is got["k"] is got["v"] and got["gate"] is got["up"]
+    assert len({id(matrix) for matrix in got.values()}) == 3
+    assert torch.equal(got["q"], hessian_of(inputs["q"][:1]))
+    # An item that gives the layers of a group different tensors (up another one, or
+    # gate's changed in place, or v none) parts the group for the rest of the pass.
+    got = statistics(items)
+    for name, matrix in got.items():  # the sums of each layer's own inputs, bit for bit
+        assert torch.equal(matrix, hessian_of(inputs[name])), name
+    assert got["q"] is got["k"]
+    assert len({id(matrix) for matrix in got.values()}) == 5
 
 
 def test_quantize_model_progress_lines_without_tqdm(capsys, monkeypatch):

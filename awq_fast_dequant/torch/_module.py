@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import re
@@ -377,8 +378,9 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     torch.no_grad() with the model in eval mode (each module's mode is restored
     afterwards). Every layer to quantize records X^T X of the inputs it receives
     (float32, one [in_features, in_features] matrix per layer, on the layer's
-    device), and is then rounded by GPTQ with it (awq_fast_dequant.quantize's
-    hessian). All statistics come from the unquantized model, in one pass over
+    device; layers called one after another with the same tensor, such as
+    attention's query, key and value, share one), and is then rounded by GPTQ
+    with it (awq_fast_dequant.quantize's hessian). All statistics come from the unquantized model, in one pass over
     the data. Every position of every input counts: pass unpadded sequences
     (padding positions would count as text). A layer that the calibration never
     reaches is rounded to nearest, as without calibration (and logged).
@@ -540,19 +542,15 @@ class _Progress:
 def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progress):
     """({id(layer): X^T X of its inputs}, number of inputs run) for the layers in
     targets (id -> nn.Linear), from running `calibration` through the model;
-    bar steps once an input."""
-    sums: dict = {}
+    bar steps once an input. Layers that have received the same inputs share one
+    matrix (the same tensor under each id)."""
+    stats = _SharedStatistics()
 
     def record(layer, args, kwargs):
         x = args[0] if args else kwargs["input"]
         if not isinstance(x, torch.Tensor) or x.shape[-1:] != (layer.in_features,):
             return  # the layer's own forward refuses it, in its own words
-        x = x.detach().reshape(-1, layer.in_features).float()
-        total = sums.get(id(layer))
-        if total is None:
-            sums[id(layer)] = x.T @ x
-        else:
-            total.addmm_(x.T, x)
+        stats.record(id(layer), x)
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in targets.values()]
     modes = [(m, m.training) for m in model.modules()]
@@ -567,6 +565,7 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
                     model(*item)
                 else:
                     model(item)
+                stats.flush()
                 items += 1
                 bar.step()
     finally:
@@ -576,7 +575,76 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
             m.training = training
     if items == 0:
         raise ValueError("calibration must yield at least one model input; it yielded none")
-    return sums, items
+    return stats.per_layer(), items
+
+
+def _version_of(x: torch.Tensor):
+    """x's version counter, None for a tensor without one (made under
+    torch.inference_mode), which then shares with no other layer."""
+    try:
+        return x._version
+    except RuntimeError:
+        return None
+
+
+class _SharedStatistics:
+    """X^T X of each layer's inputs, one matrix for the layers whose inputs have
+    been the same tensors, in the same order, so far.
+
+    Attention's query, key and value projections are called one after another
+    with one tensor, and so are an FFN's gate and up projections: they share a
+    matrix, and x^T x is computed once an input. Layers called one after another
+    with the same tensor object, unchanged in between (its version counter),
+    form a run; x^T x is taken when the run starts, since the tensor may change
+    once read. A run adds it to each group of layers wholly inside it, and
+    splits a group that it covers only in part: the part inside goes on with a
+    copy of the group's matrix. So every layer's matrix is the sum of x^T x over
+    exactly its own inputs, in their order, as a matrix of its own would be.
+    """
+
+    def __init__(self):
+        self.group: dict = {}    # layer id -> group key
+        self.members: dict = {}  # group key -> set of layer ids
+        self.sums: dict = {}     # group key -> float32 [in, in]
+        self.keys = itertools.count()
+        self.run = None          # (x, its version, x^T x, [layer ids]) not yet added
+
+    def record(self, layer: int, x: torch.Tensor) -> None:
+        run, version = self.run, _version_of(x)
+        if (run is not None and x is run[0] and version is not None and version == run[1]
+                and layer not in run[3]):
+            run[3].append(layer)
+            return
+        self.flush()
+        flat = x.detach().reshape(-1, x.shape[-1]).float()
+        self.run = (x, version, flat.T @ flat, [layer])
+
+    def flush(self) -> None:
+        """Add the pending run to the sums."""
+        if self.run is None:
+            return
+        _, _, product, layers = self.run
+        self.run = None
+        inside = set(layers)
+        for key in {self.group[i] for i in layers if i in self.group}:
+            members = self.members[key]
+            if members <= inside:
+                self.sums[key].add_(product)
+                continue
+            # Only some of the group received x: they go on with a matrix of their own.
+            part, split = members & inside, next(self.keys)
+            members -= part
+            self.members[split], self.sums[split] = part, self.sums[key] + product
+            self.group.update(dict.fromkeys(part, split))
+        new = [i for i in layers if i not in self.group]
+        if new:
+            key = next(self.keys)
+            self.members[key], self.sums[key] = set(new), product
+            self.group.update(dict.fromkeys(new, key))
+
+    def per_layer(self) -> dict:
+        self.flush()
+        return {layer: self.sums[key] for layer, key in self.group.items()}
 
 
 def _awq_config(model: nn.Module):
