@@ -885,6 +885,22 @@ def test_awq_linear_rejects_x_of_another_dtype():
         layer(torch.randn(2, 256))
 
 
+def test_awq_linear_converted_to_float64_says_which_conversion():
+    model = nn.Sequential(make_awq(dtype=torch.float32)).double()
+    layer = model[0]
+    words = [t.clone() for t in (layer.qweight, layer.qzeros)]
+    message = r"scales are torch.float64.*model.double\(\).*convert the model back"
+    x = torch.randn(2, 256, dtype=torch.float64)
+    for call in (lambda: model(x), lambda: model(x.float()),
+                 lambda: model(x.requires_grad_()), layer.dequantized_weight):
+        with pytest.raises(TypeError, match=message):
+            call()
+    model.float()  # back, with the packed words as they were
+    assert torch.equal(layer.qweight, words[0]) and torch.equal(layer.qzeros, words[1])
+    assert_linear_close(model(x.detach().float()), x.detach().float(), layer.qweight,
+                        layer.qzeros, layer.scales, layer.bias)
+
+
 # --- quantize_model -----------------------------------------------------------
 
 class Toy(nn.Module):

@@ -145,12 +145,14 @@ class AWQLinear(nn.Module):
                 or (torch.is_grad_enabled() and (
                     x.requires_grad or scales.requires_grad
                     or (bias is not None and bias.requires_grad)))):
+            self._check_scales_dtype()
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
+            self._check_scales_dtype()
             weights = (b["qweight"], b["qzeros"], scales, bias)
             if not (x.is_meta or _is_functorch_wrapped(x)
                     or any(t is not None and _is_functorch_wrapped(t) for t in weights)
@@ -255,11 +257,23 @@ class AWQLinear(nn.Module):
         scales, and shapes only on the meta device or under FakeTensorMode."""
         if dtype is not None:
             dtype = _scale_dtype(dtype)
+        self._check_scales_dtype()
         # Always the op: it records the gradient of the scales, gives the shape alone for
         # meta and fake tensors, and unwraps torch.func's; without any of these it calls
         # the C extension itself, and the dispatch costs little beside a K x N result.
         w = _ops.dequantize(self.qweight, self.qzeros, self.scales, self.group_size, dtype)
         return w.t().contiguous()
+
+    def _check_scales_dtype(self) -> None:
+        """Refuse scales that no AWQ layer holds, as a whole-model conversion such as
+        model.double() leaves them, in words that point at that conversion."""
+        dtype = self.scales.dtype
+        if dtype not in _SCALE_DTYPES:
+            raise TypeError(
+                f"this AWQLinear's scales are {dtype}, which AWQ layers do not run: a "
+                f"conversion of the whole model (model.double(), model.to({dtype})) "
+                f"converted them; convert the model back with .half(), .bfloat16() or "
+                f".float(), or convert only the modules that are not AWQLinear")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
