@@ -216,6 +216,7 @@ class TensorInfo:
     dtype: str         # safetensors code: "F16", "I32", ...
     shape: tuple[int, ...]
     offset: int = 0    # where its bytes start in the file
+    stored: str = ""   # its name in the file, where `name` is another (a model's name for it)
 
     @property
     def numel(self) -> int:
@@ -355,7 +356,7 @@ class TensorReader:
             handle = self._stack.enter_context(
                 _safetensors().safe_open(str(path), framework=self._framework, **self._options))
             self._handles[info.file] = handle
-        return handle.get_tensor(name)
+        return handle.get_tensor(info.stored or info.name)
 
 
 def _read_json(path: Path, what: str):

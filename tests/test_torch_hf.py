@@ -320,6 +320,182 @@ def test_load_pretrained_progress_bar_and_silence(saved_llama, capsys):
     assert capsys.readouterr().err == ""
 
 
+# --- mixture-of-experts models and checkpoint names transformers converts ----------
+
+def small_moe(kind, seed=0):
+    """A mixture-of-experts model of transformers 5's kind, whose experts live in 3-D
+    tensors: Mixtral (its checkpoints name them block_sparse_moe.experts.<e>.w1/w3/w2)
+    or Qwen2-MoE (mlp.experts.<e>.gate_proj/up_proj/down_proj, beside a shared expert)."""
+    common = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+                  num_experts_per_tok=2)
+    if kind == "mixtral":
+        config = transformers.MixtralConfig(intermediate_size=512, num_local_experts=4, **common)
+    else:
+        config = transformers.Qwen2MoeConfig(intermediate_size=512, moe_intermediate_size=256,
+                                             shared_expert_intermediate_size=256, num_experts=4,
+                                             **common)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj")}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERT_NAMES))
+def test_unfused_experts_compute_what_the_fused_module_does(kind):
+    from awq_fast_dequant.torch import UnfusedExperts, _experts
+
+    model = small_moe(kind)
+    fused = _experts.find_fused(model)
+    assert sorted(fused) == [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    assert _experts.expert_names(model) == EXPERT_NAMES[kind]
+    ids = prompt()
+    with torch.no_grad():
+        want = model(ids).logits
+        for path, (module, shapes) in fused.items():
+            unfused = _experts.unfuse(module, EXPERT_NAMES[kind])
+            assert isinstance(unfused, UnfusedExperts) and unfused.num_experts == shapes[0] == 4
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child, unfused)
+        got = model(ids).logits
+    assert torch.equal(got, want)
+
+
+def test_unfused_experts_route_each_token_to_its_experts():
+    from awq_fast_dequant.torch import UnfusedExperts
+
+    torch.manual_seed(0)
+    names = ("g", "u", "d")
+
+    def expert():
+        m = nn.Module()
+        m.g, m.u, m.d = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False), \
+            nn.Linear(16, 8, bias=False)
+        return m
+
+    experts = UnfusedExperts([expert() for _ in range(3)], names, nn.GELU())
+    x = torch.randn(4, 8)
+    index = torch.tensor([[0, 2], [1, 3], [2, 0], [3, 3]])  # 3: a sentinel, routed nowhere
+    weights = torch.rand(4, 2)
+    want = torch.zeros(4, 8)
+    for t in range(4):
+        for j in range(2):
+            e = int(index[t, j])
+            if e < 3:
+                m = experts.expert(e)
+                want[t] += m.d(nn.functional.gelu(m.g(x[t])) * m.u(x[t])) * weights[t, j]
+    with torch.no_grad():
+        got = experts(x, index, weights)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[3], torch.zeros(8))
+    with pytest.raises(ValueError, match="three different names"):
+        UnfusedExperts([], ("a", "a", "b"))
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERT_NAMES))
+def test_mixture_of_experts_quantized_saved_and_loaded(kind, tmp_path):
+    from awq_fast_dequant.torch import UnfusedExperts
+
+    model = small_moe(kind)
+    ids = prompt()
+    skipped = quantize_model(model, 128, calibration=[ids[:1], ids[1:]])
+    if kind == "mixtral":
+        assert skipped == [("lm_head", "matches skip pattern 'lm_head'")]
+    else:  # the shared expert's gate has one output
+        assert [name for name, _ in skipped] == [
+            "model.layers.0.mlp.shared_expert_gate", "model.layers.1.mlp.shared_expert_gate",
+            "lm_head"]
+    gate, up, down = EXPERT_NAMES[kind]
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        assert isinstance(experts, UnfusedExperts) and experts.num_experts == 4
+        for e in range(4):
+            for name in (gate, up, down):
+                assert isinstance(getattr(experts.expert(e), name), AWQLinear)
+    assert every_layer_within_linear_tolerance(model, ids) > 0
+    model.save_pretrained(tmp_path)
+    names = set(open_checkpoint(tmp_path).tensors)
+    # the checkpoint's own names: AutoAWQ's layout, as transformers writes it back
+    moe = "block_sparse_moe" if kind == "mixtral" else "mlp"
+    assert f"model.layers.1.{moe}.experts.3.{down}.qweight" in names
+    assert not any("gate_up_proj" in n for n in names)
+
+    loaded = load_pretrained(tmp_path)
+    assert isinstance(loaded.model.layers[0].mlp.experts, UnfusedExperts)
+    assert sum(isinstance(m, AWQLinear) for m in loaded.modules()) == \
+        sum(isinstance(m, AWQLinear) for m in model.modules())
+    with torch.no_grad():
+        got, want = loaded(ids).logits, model(ids).logits
+    assert torch.equal(got, want)
+    logits_within_linear_tolerance(got, dense_twin(model), ids)
+    assert torch.equal(generate(loaded, ids, 8), generate(model, ids, 8))
+
+
+def test_experts_left_fused_by_skip_or_layout_are_reported(tmp_path):
+    model = small_moe("mixtral")
+    ids = prompt()
+    with torch.no_grad():
+        want = model(ids).logits
+    fused = model.model.layers[0].mlp.experts
+    skipped = quantize_model(model, 128, skip=("lm_head", "experts"))
+    assert model.model.layers[0].mlp.experts is fused
+    assert ("model.layers.0.mlp.experts", "matches skip pattern 'experts'") in skipped
+    # written as per-expert dense tensors, read back into per-expert nn.Linear layers
+    model.save_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    del want
+
+    class Transposed(nn.Module):  # gate_up_proj [E, H, 2I], down_proj [E, I, H]
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(2, 128, 512))
+            self.down_proj = nn.Parameter(torch.randn(2, 256, 128))
+            self.act_fn = nn.SiLU()
+
+    other = nn.Module()
+    other.experts, other.proj = Transposed(), nn.Linear(128, 64)
+    skipped = quantize_model(other, 128)
+    assert type(other.experts) is Transposed and isinstance(other.proj, AWQLinear)
+    assert skipped[0][0] == "experts" and "layout other than transformers' standard" in \
+        skipped[0][1]
+
+
+def test_quantize_model_failing_puts_the_fused_experts_back():
+    model = small_moe("mixtral")
+    fused = [layer.mlp.experts for layer in model.model.layers]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = model.model.embed_tokens.weight
+    with torch.no_grad():
+        bad[7] = float("inf")  # the calibration's first token: inf inputs
+    before["model.embed_tokens.weight"] = bad.detach().clone()
+    with pytest.raises(ValueError, match="cannot be quantized: hessian must be finite"):
+        quantize_model(model, 128, calibration=[torch.tensor([[7, 8, 9]])])
+    assert [layer.mlp.experts for layer in model.model.layers] == fused
+    state = model.state_dict()
+    assert state.keys() == before.keys()
+    assert all(torch.equal(state[k], v) for k, v in before.items())
+
+
+def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path):
+    config = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                        num_hidden_layers=2, num_attention_heads=4)
+    torch.manual_seed(0)
+    model = transformers.GPTNeoXForCausalLM(config).eval()
+    quantize_model(model, 128)
+    model.save_pretrained(tmp_path)
+    names = set(open_checkpoint(tmp_path).tensors)
+    head = "embed_out.weight" if "embed_out.weight" in names else "lm_head.weight"
+    loaded = load_pretrained(tmp_path)
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert torch.equal(loaded.get_output_embeddings().weight,
+                       safetensors_torch.load_file(tmp_path / "model.safetensors")[head])
+
+
 def test_tied_embeddings_stay_tied(tmp_path):
     model = small_llama(tie=True)
     assert dict(quantize_model(model, 128, skip=None)) == {
@@ -808,6 +984,25 @@ def test_round_trip_on_the_gpu_eager_and_compiled(tmp_path, dtype):
     # which computes attention and the norms with other kernels than the eager twin
     c = generate(loaded, ids, cache_implementation="static")
     agree(c, b)
+
+
+@cuda
+def test_mixture_of_experts_on_the_gpu(tmp_path):
+    model = small_moe("mixtral")
+    ids = prompt()
+    quantize_model(model, 128, calibration=[ids])
+    model.save_pretrained(tmp_path)
+    # float32 (the CUDA-core kernel): the tokens go to the experts they go to on the CPU
+    loaded = load_pretrained(tmp_path, device="cuda", dtype=torch.float32)
+    assert loaded.model.layers[1].mlp.experts.expert(3).w2.qweight.is_cuda
+    with torch.no_grad():
+        got = loaded(ids.cuda()).logits.cpu()
+    logits_within_linear_tolerance(got, dense_twin(model), ids)
+    assert torch.equal(generate(loaded, ids.cuda(), 8).cpu(), generate(model, ids, 8))
+    # float16 (the tensor-core kernels, an expert at a time, each on its own tokens)
+    half = load_pretrained(tmp_path, device="cuda", dtype=torch.float16)
+    assert every_layer_within_linear_tolerance(half, ids.cuda()) > 4 * 3 * 2
+    assert generate(half, ids.cuda(), 8).shape == (2, 20)
 
 
 # --- the benchmark script and the example -------------------------------------------

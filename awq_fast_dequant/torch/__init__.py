@@ -14,6 +14,8 @@ and provides:
 - quantize_model(model, group_size=128, skip=("lm_head",), calibration=None):
   every fitting nn.Linear of a model replaced by an AWQLinear, in place,
   rounded to nearest or, given calibration inputs, with error feedback;
+  the fused experts of a mixture-of-experts layer first become an
+  UnfusedExperts, one nn.Linear per expert projection;
 - load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
   revision=None): a Hugging Face AWQ checkpoint, a folder or a Hub repository,
   loaded into its transformers model (needs the 'hf' extra).
@@ -21,7 +23,8 @@ and provides:
 
 from ._ops import dequantize, dequantize_out, linear
 from ._module import AWQLinear, quantize_model
+from ._experts import UnfusedExperts
 from ._hf import load_pretrained, parameters_on_meta
 
-__all__ = ["AWQLinear", "quantize_model", "load_pretrained", "parameters_on_meta",
-           "dequantize", "dequantize_out", "linear"]
+__all__ = ["AWQLinear", "UnfusedExperts", "quantize_model", "load_pretrained",
+           "parameters_on_meta", "dequantize", "dequantize_out", "linear"]

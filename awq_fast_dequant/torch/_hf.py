@@ -27,6 +27,7 @@ allocated on the target device:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import logging
 import os
@@ -51,6 +52,7 @@ from awq_fast_dequant.checkpoint import (
     shard_names,
 )
 
+from . import _experts
 from ._module import AWQLinear, _scale_dtype
 
 __all__ = ["load_pretrained"]
@@ -171,6 +173,74 @@ def _build(model_class, config, dtype):
     finally:
         if quantization_config is not None:
             config.quantization_config = quantization_config
+
+
+# --- the names the model gives the checkpoint's tensors -------------------------
+
+def _renamings(model) -> list:
+    """transformers' renamings of checkpoint tensor names for `model`, in the order its
+    from_pretrained applies them (transformers 5's conversion mapping, e.g. Mixtral's
+    block_sparse_moe -> mlp, GPT-NeoX's embed_out -> lm_head, LayerNorm.gamma ->
+    LayerNorm.weight; its save_pretrained writes the old names back); none where
+    transformers has no such mapping."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:
+        return []
+    return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+
+
+def _renamed(checkpoint, renamings, cls: str):
+    """checkpoint with its tensors under the names the model gives them: the tensors
+    and quantized layers renamed, each TensorInfo keeping its name in the file."""
+    if not renamings:
+        return checkpoint
+
+    def rename(name: str) -> str:
+        for t in renamings:
+            name, _ = t.rename_source_key(name)
+        return name
+
+    tensors, new_name = {}, {}
+    for name, info in checkpoint.tensors.items():
+        new = rename(name)
+        if new in tensors:
+            raise ValueError(f"the checkpoint holds {tensors[new].stored or new!r} and "
+                             f"{name!r}, which transformers' names for {cls} both make {new!r}")
+        tensors[new] = info if new == name else dataclasses.replace(info, name=new, stored=name)
+        new_name[name] = new
+    if all(new_name[name] == name for name in new_name):
+        return checkpoint
+    layers = []
+    for layer in checkpoint.layers:
+        renamed = [tensors[new_name[t.name]] for t in layer.tensors]
+        prefix = renamed[0].name[: -len(".qweight")]
+        if [t.name for t in renamed] != [f"{prefix}.{leaf}" for leaf in
+                                         ("qweight", "qzeros", "scales")]:
+            raise ValueError(f"transformers' names for {cls} part the tensors of the "
+                             f"checkpoint's layer {layer.prefix!r}: "
+                             f"{', '.join(t.name for t in renamed)}")
+        layers.append(dataclasses.replace(layer, prefix=prefix, qweight=renamed[0],
+                                          qzeros=renamed[1], scales=renamed[2]))
+    return dataclasses.replace(checkpoint, tensors=tensors, layers=tuple(layers),
+                               others=tuple(tensors[new_name[t.name]] for t in checkpoint.others))
+
+
+def _unfuse_experts(model, checkpoint, prefix: str) -> None:
+    """Puts an UnfusedExperts (on meta) in place of each of the model's fused experts
+    modules whose experts the checkpoint holds one by one (``<experts>.0.<gate>.qweight``
+    or ``.weight``), as AWQ checkpoints of mixture-of-experts models do."""
+    fused = _experts.find_fused(model)
+    if not fused:
+        return
+    names = _experts.expert_names(model)
+    for path, (module, _) in fused.items():
+        probes = (f"{path}.0.{names[0]}.qweight", f"{path}.0.{names[0]}.weight")
+        if any(_checkpoint_name(n, checkpoint.tensors, prefix) for n in probes):
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child,
+                    _experts.unfuse(module, names, meta=True))
 
 
 # --- matching the model to the checkpoint -------------------------------------
@@ -581,6 +651,8 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     cls = _model_class(transformers, config, model_class)
     model = _build(cls, config, dtype)
     prefix = getattr(model, "base_model_prefix", "") or ""
+    checkpoint = _renamed(checkpoint, _renamings(model), type(model).__name__)
+    _unfuse_experts(model, checkpoint, prefix)
     _install_awq_layers(model, checkpoint, dtype, prefix)
     _install_scaled_activations(model, checkpoint, prefix)
     plan, slots = _plan(model, checkpoint, prefix)

@@ -17,7 +17,7 @@ import awq_fast_dequant as _afd
 from awq_fast_dequant.quant import _check_act_order, _check_grid
 from awq_fast_dequant.reference import DTYPES
 
-from . import _ops
+from . import _experts, _ops
 
 __all__ = ["AWQLinear", "quantize_model"]
 
@@ -431,6 +431,57 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     if _check_act_order(act_order, True) and act_order is not None and calibration is None:
         raise ValueError("act_order=True needs calibration: the rows are ordered by the "
                          "energy of each layer's inputs, which the calibration pass records")
+    # Fused experts (transformers' 3-D expert tensors) become one nn.Linear per expert
+    # projection first; all is put back if quantizing fails.
+    fused_skipped, unfused = _unfuse_experts(model, match)
+    try:
+        skipped = _quantize_linears(model, G, match, skip_strings, calibration, grid,
+                                    act_order, progress)
+    except BaseException:
+        for parent, child, original, _ in unfused:
+            setattr(parent, child, original)
+        raise
+    for _, _, _, experts in unfused:
+        _experts.own_weights(experts)  # the fused tensors are freed with the fused module
+    for name, reason in fused_skipped:
+        logger.info("quantize_model: %s left dense: %s", name, reason)
+    return fused_skipped + skipped
+
+
+def _unfuse_experts(model: nn.Module, match):
+    """Puts an UnfusedExperts in place of every fused experts module of `model` that
+    skip does not match. Returns ([(name, why it stays fused)], [(parent, child name,
+    the fused module, its UnfusedExperts)])."""
+    skipped, unfused = [], []
+    names = None
+    for name, module in list(model.named_modules()):
+        if not _experts.looks_fused(module):
+            continue
+        pattern = match(name)
+        if pattern is not None:
+            skipped.append((name, f"matches skip pattern {pattern!r}"))
+            continue
+        if _experts.fused_shapes(module) is None:
+            skipped.append((name, f"{type(module).__name__} holds its experts in 3-D tensors in "
+                                  "a layout other than transformers' standard one (gate_up_proj "
+                                  "[E, 2I, H] and down_proj [E, H, I], no biases, the default "
+                                  "gate), which UnfusedExperts does not take"))
+            continue
+        if any(p.is_meta for p in module.parameters()):
+            skipped.append((name, "its experts' weights are on the meta device"))
+            continue
+        if names is None:
+            names = _experts.expert_names(model)
+        experts = _experts.unfuse(module, names)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, experts)
+        unfused.append((parent, child, module, experts))
+    return skipped, unfused
+
+
+def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_order,
+                      progress) -> list:
     shared = _shared_weights(model)
 
     linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
