@@ -2,8 +2,8 @@
 # Everything the GPU half needs checked, in one call on a CUDA machine:
 # build, the test suite, the compute-sanitizer sweep, the full benchmark, four
 # host-only reruns of the benchmark (two per launch path), the host-time
-# probe, the linear benchmark (bench --linear), the decoder-layer and
-# conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
+# probe, the linear benchmark (bench --linear), the decoder-layer, mixture-of-
+# experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
 # compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
@@ -95,6 +95,10 @@ echo "bench --linear rc $?" >> "$OUT/bench_linear.txt"
 # checkpoint converter on a synthetic 8B-sized checkpoint.
 python3 "$R/scripts/decoder_layer_bench.py" --compile --breakdown --read-floor --no-graph > "$OUT/decoder.txt" 2>&1
 echo "decoder bench rc $?" >> "$OUT/decoder.txt"
+# A Mixtral-8x7B mixture-of-experts block: AWQ experts (UnfusedExperts) against
+# transformers' fused dense ones.
+python3 "$R/scripts/moe_bench.py" > "$OUT/moe.txt" 2>&1
+echo "moe bench rc $?" >> "$OUT/moe.txt"
 python3 "$R/scripts/convert_bench.py" --device cuda > "$OUT/convert.txt" 2>&1
 echo "convert bench rc $?" >> "$OUT/convert.txt"
 # The decode kernel against a kernel that only reads the packed weights.
@@ -119,6 +123,7 @@ sed -n '/^Dispatcher choice per M/,/^the kernel of each/p' "$OUT/bench_linear.tx
 sed -n '/^Verdict: the targets/,/^result:/p' "$OUT/bench_linear.txt" | head -45
 grep -E "^bench --linear rc" "$OUT/bench_linear.txt"
 grep -E "ratio|^host us|rc [0-9]" "$OUT/decoder.txt"
+grep -E "^tokens|rc [0-9]" "$OUT/moe.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"

@@ -1020,6 +1020,18 @@ def test_decoder_layer_bench_runs_on_a_tiny_layer():
     assert len(errors) == 4 and max(errors) < 1e-4, out.stdout
 
 
+def test_moe_bench_runs_on_a_tiny_block():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "moe_bench.py"), "--device", "cpu", "--tiny",
+         "--trials", "2", "--repeats", "2", "--tokens", "1,16"],
+        capture_output=True, text=True, timeout=600, env=child_env())
+    assert out.returncode == 0, out.stderr
+    rows = re.findall(r"^tokens (\d+): dense \S+ us, AWQ \S+ us, dense / AWQ \S+; "
+                      r"max rel\. error (\S+)$", out.stdout, re.M)
+    assert [int(t) for t, _ in rows] == [1, 16], out.stdout
+    assert max(float(e) for _, e in rows) < 1e-4, out.stdout
+
+
 def test_pytorch_usage_example_runs():
     out = subprocess.run([sys.executable, str(REPO / "examples" / "pytorch_usage.py")],
                          capture_output=True, text=True, timeout=600, env=child_env())
