@@ -10,7 +10,10 @@ which those are (so no CUDA graph), each forward timed between CUDA events
 after an L2 flush. Dense and AWQ alternate in a random order each trial;
 medians over trials x repeats are reported for each number of tokens, with
 the AWQ block's output checked against the dense block of its own
-dequantized weights (the same routing, since the router stays dense).
+dequantized weights (the same routing, since the router stays dense). A third
+block, "dense unfused", runs those dense weights under UnfusedExperts' own loop
+(which reads the routing on the host once per forward, transformers' once per
+expert), so that the gain of the 4-bit weights shows apart from the loop's.
 
     python scripts/moe_bench.py [--tokens 1,16,512] [--trials 9] [--repeats 5]
 
@@ -27,7 +30,7 @@ import torch
 import transformers
 
 from awq_fast_dequant.bench import CpuTimer, CudaTimer
-from awq_fast_dequant.torch import AWQLinear, UnfusedExperts, quantize_model
+from awq_fast_dequant.torch import AWQLinear, UnfusedExperts, _experts, quantize_model
 
 MIXTRAL_8X7B = dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8,
                     num_experts_per_tok=2)
@@ -86,6 +89,9 @@ def main():
     if skipped or not isinstance(block.experts, UnfusedExperts):
         raise SystemExit(f"experts left dense: {skipped}")
     quantized, dense = block, dense_of(block)
+    # the dense weights under UnfusedExperts' own loop: what the loop alone changes
+    unfused = copy.deepcopy(dense)
+    unfused.experts = _experts.unfuse(unfused.experts, quantized.experts.names)
     awq_bytes = sum(b.numel() * b.element_size() for m in quantized.modules()
                     if isinstance(m, AWQLinear) for b in m.buffers() if b is not None)
     dense_bytes = sum(p.numel() * p.element_size() for p in dense.experts.parameters())
@@ -103,16 +109,18 @@ def main():
         with torch.no_grad():
             got, want = quantized(x), dense(x)
             err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            times = {"dense": [], "awq": []}
+            assert torch.equal(unfused(x), want)
+            blocks = {"dense": dense, "unfused": unfused, "awq": quantized}
+            times = {name: [] for name in blocks}
             for _ in range(args.trials):
-                order = ["dense", "awq"]
+                order = list(blocks)
                 rng.shuffle(order)
                 for name in order:
-                    module = dense if name == "dense" else quantized
-                    samples, _ = timer.run(lambda: module(x), args.repeats)
+                    samples, _ = timer.run(lambda: blocks[name](x), args.repeats)
                     times[name].extend(samples)
-        d, a = statistics.median(times["dense"]), statistics.median(times["awq"])
-        print(f"tokens {tokens}: dense {d:.2f} us, AWQ {a:.2f} us, dense / AWQ {d / a:.3f}; "
+        d, u, a = (statistics.median(times[name]) for name in ("dense", "unfused", "awq"))
+        print(f"tokens {tokens}: dense {d:.2f} us, dense unfused {u:.2f} us, AWQ {a:.2f} us, "
+              f"dense / AWQ {d / a:.3f}, dense unfused / AWQ {u / a:.3f}; "
               f"max rel. error {err:.2e}")
 
 

@@ -1026,8 +1026,9 @@ def test_moe_bench_runs_on_a_tiny_block():
          "--trials", "2", "--repeats", "2", "--tokens", "1,16"],
         capture_output=True, text=True, timeout=600, env=child_env())
     assert out.returncode == 0, out.stderr
-    rows = re.findall(r"^tokens (\d+): dense \S+ us, AWQ \S+ us, dense / AWQ \S+; "
-                      r"max rel\. error (\S+)$", out.stdout, re.M)
+    rows = re.findall(r"^tokens (\d+): dense \S+ us, dense unfused \S+ us, AWQ \S+ us, "
+                      r"dense / AWQ \S+, dense unfused / AWQ \S+; max rel\. error (\S+)$",
+                      out.stdout, re.M)
     assert [int(t) for t, _ in rows] == [1, 16], out.stdout
     assert max(float(e) for _, e in rows) < 1e-4, out.stdout
 

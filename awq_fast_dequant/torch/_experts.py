@@ -35,9 +35,13 @@ class UnfusedExperts(nn.Module):
         forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]
 
     Expert e adds ``down(act_fn(gate(x)) * up(x)) * weight`` to the output row of
-    every token routed to it (weight: the token's routing weight for e); an index
-    outside 0..E-1 (a sentinel) routes nowhere. The projections are nn.Linear or
-    AWQLinear, or any module that maps [.., in] to [.., out].
+    every token routed to it (weight: the token's routing weight for e), the experts
+    in order and each one's tokens in transformers' order, so that the sums are
+    those of the fused module; an index outside 0..E-1 (a sentinel) routes nowhere.
+    The projections are nn.Linear or AWQLinear, or any module that maps [.., in] to
+    [.., out]. Unlike transformers' loop, which reads on the host which experts are
+    hit and then each one's tokens, it reads the counts of all experts' tokens
+    once.
     """
 
     def __init__(self, experts, names=DEFAULT_NAMES, act_fn: nn.Module | None = None):
@@ -58,14 +62,24 @@ class UnfusedExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.names
+        E, T = self.num_experts, hidden_states.shape[0]
         out = torch.zeros_like(hidden_states)
-        routed = top_k_index.t()  # [k, T]: token order within an expert as transformers has it
         with torch.no_grad():
-            hit = torch.unique(top_k_index).tolist()
-        for e in hit:
-            if not 0 <= e < self.num_experts:
+            # The (position, token) pairs by expert, and within an expert by position, then
+            # token: the order transformers' loop visits them in. One read on the host (the
+            # count of each expert's tokens) instead of one per expert.
+            flat = top_k_index.t().reshape(-1)  # pair p * T + t
+            flat = torch.where((flat >= 0) & (flat < E), flat, E)  # sentinels last
+            order = torch.argsort(flat, stable=True)
+            counts = torch.bincount(flat, minlength=E + 1).tolist()
+        start = 0
+        for e in range(E):
+            count = counts[e]
+            if not count:
                 continue
-            pos, token = torch.where(routed == e)
+            pair = order[start:start + count]
+            start += count
+            token, pos = pair % T, pair // T
             expert = self._modules[str(e)]
             x = hidden_states[token]
             h = self.act_fn(getattr(expert, gate)(x)) * getattr(expert, up)(x)
