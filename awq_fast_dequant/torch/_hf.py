@@ -14,7 +14,10 @@ allocated on the target device:
    its parameters on the meta device (buffers are built as the model's code
    builds them: they are small, and some, like rotary frequencies, are
    computed there and are not in the checkpoint).
-3. Each module the checkpoint quantizes becomes an AWQLinear (still on meta),
+3. The checkpoint's tensors take the names transformers' from_pretrained gives
+   them (its renamings for the model), fused experts that the checkpoint holds
+   one by one become an UnfusedExperts (still on meta), each module the
+   checkpoint quantizes becomes an AWQLinear (still on meta),
    each activation it scales (AutoAWQ's <activation>.scales) a
    ScaledActivation, and every parameter and persistent buffer of the model is
    matched to a checkpoint tensor of the same shape and kind of dtype; a
