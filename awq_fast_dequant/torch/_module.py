@@ -394,8 +394,9 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     (float32, one [in_features, in_features] matrix per layer, on the layer's
     device; layers called one after another with the same tensor, such as
     attention's query, key and value, share one), and is then rounded by GPTQ
-    with it (awq_fast_dequant.quantize's hessian). All statistics come from the unquantized model, in one pass over
-    the data. Every position of every input counts: pass unpadded sequences
+    with it (awq_fast_dequant.quantize's hessian). All statistics come from the
+    unquantized model, in one pass over the data. Every position of every input
+    counts: pass unpadded sequences
     (padding positions would count as text). A layer that the calibration never
     reaches is rounded to nearest, as without calibration (and logged).
 
@@ -407,9 +408,15 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     layer as it is rounded (a tqdm bar when tqdm is installed, else a line a
     step). GPTQ takes seconds per large layer, so a whole model takes minutes.
 
+    Fused experts (a mixture-of-experts module of transformers 5 with 3-D
+    gate_up_proj and down_proj parameters) first become an UnfusedExperts, one
+    nn.Linear per expert projection, each then quantized like any other layer;
+    if quantizing fails, the fused modules are put back.
+
     Also left dense: subclasses of nn.Linear (their forward may differ),
-    layers whose weight is tied to another module's, and layers on the meta
-    device. Returns the skipped layers as a list of (name, reason), which is
+    layers whose weight is tied to another module's, layers on the meta
+    device, and fused experts that skip matches or in a layout UnfusedExperts
+    does not take. Returns the skipped layers as a list of (name, reason), which is
     also logged (logger "awq_fast_dequant"). A Hugging Face model's
     ``config.quantization_config`` is set to describe the result, so that the
     model's own ``save_pretrained`` writes an AWQ checkpoint that
