@@ -496,6 +496,24 @@ def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path):
                        safetensors_torch.load_file(tmp_path / "model.safetensors")[head])
 
 
+def test_falcon_linear_layers_are_quantized(tmp_path):
+    config = transformers.FalconConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2,
+                                       num_attention_heads=4)
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(config).eval()
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert all(type(m).__name__ == "FalconLinear" for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and n != "lm_head")
+    assert quantize_model(model, 128) == [("lm_head", "matches skip pattern 'lm_head'")]
+    assert sum(isinstance(m, AWQLinear) for m in model.modules()) == len(linears) - 1 == 8
+    model.save_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert every_layer_within_linear_tolerance(loaded, ids) == 8
+
+
 def test_tied_embeddings_stay_tied(tmp_path):
     model = small_llama(tie=True)
     assert dict(quantize_model(model, 128, skip=None)) == {

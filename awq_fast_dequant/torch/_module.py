@@ -355,8 +355,14 @@ def _skip_reason(names: list, module: nn.Linear, G, match, shared, own_names):
     return None if reason is None else (names[0], reason)
 
 
+# Subclasses of nn.Linear whose forward computes what nn.Linear's does (Falcon's:
+# input @ weight.T, plus bias), by module and class name: quantized like nn.Linear.
+_LINEAR_SUBCLASSES = {("transformers.models.falcon.modeling_falcon", "FalconLinear")}
+
+
 def _unfit_reason(module: nn.Linear, G, shared, own_names) -> str | None:
-    if type(module) is not nn.Linear:
+    cls = type(module)
+    if cls is not nn.Linear and (cls.__module__, cls.__qualname__) not in _LINEAR_SUBCLASSES:
         return (f"{type(module).__name__} is a subclass of nn.Linear whose forward may not "
                 "be nn.Linear's")
     others = [n for n in shared.get(id(module.weight), ()) if n not in own_names]
