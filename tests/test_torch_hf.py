@@ -479,7 +479,7 @@ def test_quantize_model_failing_puts_the_fused_experts_back():
     assert all(torch.equal(state[k], v) for k, v in before.items())
 
 
-def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path):
+def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path, monkeypatch):
     config = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
                                         num_hidden_layers=2, num_attention_heads=4)
     torch.manual_seed(0)
@@ -494,6 +494,20 @@ def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     assert torch.equal(loaded.get_output_embeddings().weight,
                        safetensors_torch.load_file(tmp_path / "model.safetensors")[head])
+    if head != "embed_out.weight":
+        return  # this transformers names it lm_head in checkpoints too
+    # a checkpoint holding both names: two tensors for one place, refused before reading
+    both = edited_copy(tmp_path, tmp_path.parent / "both",
+                       change={"lm_head.weight": torch.zeros(512, 256)})
+
+    def refuse(*a, **k):
+        raise AssertionError("load_pretrained read a tensor of a bad checkpoint")
+
+    monkeypatch.setattr(_hf, "_load", refuse)
+    with pytest.raises(ValueError, match="holds 'embed_out.weight' and 'lm_head.weight', "
+                                         "which transformers' names for GPTNeoXForCausalLM "
+                                         "both make 'lm_head.weight'"):
+        load_pretrained(both)
 
 
 def test_falcon_linear_layers_are_quantized(tmp_path):
