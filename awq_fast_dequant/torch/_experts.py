@@ -72,19 +72,23 @@ class UnfusedExperts(nn.Module):
             flat = torch.where((flat >= 0) & (flat < E), flat, E)  # sentinels last
             order = torch.argsort(flat, stable=True)
             counts = torch.bincount(flat, minlength=E + 1).tolist()
+            tokens = order % T
+        # Every pair's input row and routing weight, gathered once in that order: each
+        # expert's are then a slice (a view).
+        xs = hidden_states[tokens]
+        weights = top_k_weights.t().reshape(-1)[order]
         start = 0
         for e in range(E):
             count = counts[e]
             if not count:
                 continue
-            pair = order[start:start + count]
+            rows = slice(start, start + count)
             start += count
-            token, pos = pair % T, pair // T
             expert = self._modules[str(e)]
-            x = hidden_states[token]
+            x = xs[rows]
             h = self.act_fn(getattr(expert, gate)(x)) * getattr(expert, up)(x)
-            h = getattr(expert, down)(h) * top_k_weights[token, pos, None]
-            out.index_add_(0, token, h.to(out.dtype))
+            h = getattr(expert, down)(h) * weights[rows, None]
+            out.index_add_(0, tokens[rows], h.to(out.dtype))
         return out
 
     def extra_repr(self) -> str:
