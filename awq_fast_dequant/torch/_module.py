@@ -145,7 +145,8 @@ class AWQLinear(nn.Module):
                 or (torch.is_grad_enabled() and (
                     x.requires_grad or scales.requires_grad
                     or (bias is not None and bias.requires_grad)))):
-            self._check_scales_dtype()
+            if scales.dtype not in _SCALE_DTYPES:
+                self._check_scales_dtype()
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
