@@ -37,7 +37,7 @@ python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 
 
 cd /tmp  # import the installed package, not the source folder
 python3 -c "import awq_fast_dequant as a; print(a.build_info())" >> "$OUT/checks.log" 2>&1
-TORCH_TESTS="$R/tests/test_torch.py $R/tests/test_torch_hf.py"
+TORCH_TESTS="$R/tests/test_torch.py $R/tests/test_torch_fuse.py $R/tests/test_torch_hf.py"
 if [ "$PART" = torch ] || [ "$PART" = all ]; then
 # shellcheck disable=SC2086
 python3 -m pytest -p no:cacheprovider -q -rs --durations=5 -k "not aotinductor" $TORCH_TESTS \

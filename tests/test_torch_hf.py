@@ -27,7 +27,7 @@ safetensors_torch = pytest.importorskip(
 nn = torch.nn
 
 from awq_fast_dequant.torch import AWQLinear, load_pretrained, parameters_on_meta  # noqa: E402
-from awq_fast_dequant.torch import quantize_model  # noqa: E402
+from awq_fast_dequant.torch import fuse_projections, quantize_model  # noqa: E402
 from awq_fast_dequant.torch import _hf  # noqa: E402
 from awq_fast_dequant.checkpoint import format_nbytes, open_checkpoint  # noqa: E402
 
@@ -425,6 +425,9 @@ def test_mixture_of_experts_quantized_saved_and_loaded(kind, tmp_path):
     assert isinstance(loaded.model.layers[0].mlp.experts, UnfusedExperts)
     assert sum(isinstance(m, AWQLinear) for m in loaded.modules()) == \
         sum(isinstance(m, AWQLinear) for m in model.modules())
+    # load_pretrained fused each expert's gate and up projections (and q/k/v): so
+    # does the model it is compared with
+    assert fuse_projections(model)
     with torch.no_grad():
         got, want = loaded(ids).logits, model(ids).logits
     assert torch.equal(got, want)

@@ -16,6 +16,9 @@ and provides:
   rounded to nearest or, given calibration inputs, with error feedback;
   the fused experts of a mixture-of-experts layer first become an
   UnfusedExperts, one nn.Linear per expert projection;
+- fuse_projections(model, example=None): AWQ layers called in a row with one
+  input (attention's q/k/v, a gated MLP's gate/up) computed by one call;
+  unfuse_projections(model) undoes it;
 - load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
   revision=None): a Hugging Face AWQ checkpoint, a folder or a Hub repository,
   loaded into its transformers model (needs the 'hf' extra).
@@ -24,7 +27,9 @@ and provides:
 from ._ops import dequantize, dequantize_out, linear
 from ._module import AWQLinear, quantize_model
 from ._experts import UnfusedExperts
+from ._siblings import fuse_projections, unfuse_projections
 from ._hf import load_pretrained, parameters_on_meta
 
-__all__ = ["AWQLinear", "UnfusedExperts", "quantize_model", "load_pretrained",
+__all__ = ["AWQLinear", "UnfusedExperts", "quantize_model", "fuse_projections",
+           "unfuse_projections", "load_pretrained",
            "parameters_on_meta", "dequantize", "dequantize_out", "linear"]

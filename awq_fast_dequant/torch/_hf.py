@@ -57,6 +57,7 @@ from awq_fast_dequant.checkpoint import (
 
 from . import _experts
 from ._module import AWQLinear, _scale_dtype
+from ._siblings import fuse_projections
 
 __all__ = ["load_pretrained"]
 
@@ -612,7 +613,7 @@ def _checkpoint_path(path, revision):
 
 
 def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
-                    revision=None):
+                    revision=None, fuse=True):
     """Load a Hugging Face AWQ checkpoint folder into its transformers model,
     with an AWQLinear for every layer the checkpoint quantizes.
 
@@ -634,6 +635,11 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
         own progress bars, whatever this says.
     revision: the branch, tag or commit of a Hub repository; default its main
         branch.
+    fuse: run fuse_projections on the loaded model (its dummy_inputs show which
+        AWQ layers take the same input): attention's query, key and value
+        projections, and a gated MLP's gate and up projections, each computed by
+        one call. A model that cannot run its dummy_inputs is left unfused, with
+        a warning.
 
     Returns the model in eval mode, ready for generate(). Checkpoints this
     package cannot run raise ValueError (awq_fast_dequant.checkpoint's
@@ -675,4 +681,20 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
         # A checkpoint described by AutoAWQ's quant_config.json alone: the model's own
         # save_pretrained then writes the quantization_config that load_pretrained reads.
         model.config.quantization_config = checkpoint.quant.to_dict()
-    return model.eval()
+    model.eval()
+    if fuse:
+        _fuse(model)
+    return model
+
+
+def _fuse(model) -> None:
+    if getattr(model, "dummy_inputs", None) is None:
+        logger.info("load_pretrained: %s has no dummy_inputs; its layers are not fused",
+                    type(model).__name__)
+        return
+    try:
+        fuse_projections(model)
+    except Exception as e:  # the model's own forward, on inputs it may not take
+        logger.warning("load_pretrained: %s did not run its dummy_inputs (%s: %s); its AWQ "
+                       "layers are not fused (fuse_projections(model, example) fuses them "
+                       "given an input it takes)", type(model).__name__, type(e).__name__, e)

@@ -24,6 +24,7 @@ __all__ = ["AWQLinear", "quantize_model"]
 logger = logging.getLogger("awq_fast_dequant")
 
 _SCALE_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
+_OWN_BUFFERS = frozenset(("qweight", "qzeros", "scales", "bias"))
 
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
@@ -106,6 +107,10 @@ class AWQLinear(nn.Module):
     require grad, or made nn.Parameters); the packed weights are constants.
     """
 
+    # Set by fuse_projections: the group this layer is computed with, and its place in it.
+    _siblings = None
+    _sibling_index = None
+
     def __init__(self, in_features: int, out_features: int, group_size: int = 128,
                  bias: bool = True, *, dtype=torch.float16, device=None):
         super().__init__()
@@ -125,6 +130,8 @@ class AWQLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(N, dtype=dtype, device=device) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._siblings is not None:
+            return self._siblings(self, x)
         b = self._buffers  # one dict lookup instead of four nn.Module.__getattr__ calls
         try:
             scales, bias = b["scales"], b["bias"]
@@ -300,6 +307,33 @@ class AWQLinear(nn.Module):
             super()._load_from_state_dict(state_dict if words is None else words, prefix,
                                           local_metadata, strict, missing_keys,
                                           unexpected_keys, error_msgs)
+
+    def __setattr__(self, name, value):
+        if self._siblings is not None and name in _OWN_BUFFERS:
+            self._siblings.dissolve()  # a buffer replaced: the group's copy is stale
+        super().__setattr__(name, value)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        if self._siblings is not None and name in _OWN_BUFFERS:
+            self._siblings.dissolve()
+        super().register_buffer(name, tensor, persistent)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        group = self._siblings
+        if group is not None and not group.intact():
+            group.dissolve()  # converted: the views are copies now, or some are
+        return result
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._siblings is not None:
+            # Views into the group's buffers: saved as tensors of their own, so that no
+            # two entries share memory (safetensors refuses that).
+            for name in _OWN_BUFFERS:
+                t = destination.get(prefix + name)
+                if t is not None:
+                    destination[prefix + name] = t.clone(memory_format=torch.contiguous_format)
 
     def extra_repr(self) -> str:
         K, N, G = self.in_features, self.out_features, self.group_size
