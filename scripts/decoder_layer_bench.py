@@ -2,7 +2,8 @@
 
 transformers' LlamaDecoderLayer with Llama-3-8B's dimensions (hidden 4096,
 MLP 14336, 32 query heads and 8 key/value heads of 128) and random weights;
-the AWQ layer is the same layer after quantize_model (G = 128). Batch 1.
+the AWQ layer is the same layer after quantize_model (G = 128); `fused` is the
+AWQ layer after fuse_projections too (q/k/v and gate/up each one call). Batch 1.
 
 - decode step: one new token, the whole layer captured in a CUDA graph and
   replayed; attention covers the new token only (no KV cache), so the step is
@@ -54,7 +55,7 @@ import transformers
 
 import awq_fast_dequant as awq
 from awq_fast_dequant.bench import CpuTimer, CudaTimer
-from awq_fast_dequant.torch import AWQLinear, quantize_model
+from awq_fast_dequant.torch import AWQLinear, fuse_projections, quantize_model
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=128)
@@ -93,7 +94,8 @@ def parse_args():
 
 
 def build_layers(dims, group, dtype, device, seed):
-    """(dense LlamaDecoderLayer, its AWQ copy, the rotary embedding module)."""
+    """(dense LlamaDecoderLayer, its AWQ copy, that copy with fuse_projections, the
+    rotary embedding module)."""
     config = transformers.LlamaConfig(**dims, num_hidden_layers=1, vocab_size=128,
                                       max_position_embeddings=8192)
     config._attn_implementation = "sdpa"
@@ -105,7 +107,13 @@ def build_layers(dims, group, dtype, device, seed):
     if skipped:
         raise SystemExit(f"layers left dense: {skipped}")
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config).to(device)
-    return dense, quantized, rotary
+    fused = copy.deepcopy(quantized)
+    x = torch.zeros(1, 2, dims["hidden_size"], device=device, dtype=dtype)
+    rope = tuple(t.to(dtype) for t in rotary(x, torch.arange(2, device=device).unsqueeze(0)))
+    groups = fuse_projections(fused, {"hidden_states": x, "position_embeddings": rope})
+    if len(groups) != 2:
+        raise SystemExit(f"fuse_projections fused {groups}; expected q/k/v and gate/up")
+    return dense, quantized, fused, rotary
 
 
 def dense_of(quantized):
@@ -346,7 +354,8 @@ def main():
     dims = TINY if args.tiny else LLAMA3_8B
     dtype = torch.float16 if on_cuda else torch.float32
     hidden = dims["hidden_size"]
-    dense, quantized, rotary = build_layers(dims, args.group, dtype, device, args.seed)
+    dense, quantized, fused, rotary = build_layers(dims, args.group, dtype, device,
+                                                   args.seed)
     if on_cuda:
         timer = CudaTimer(torch, device, max(256 << 20, 2 * torch.cuda.get_device_properties(
             device).L2_cache_size))
@@ -367,7 +376,7 @@ def main():
         read_only = read_only_of(quantized)
     modes = ["eager", "torch.compile"] if args.compile else ["eager"]
     for mode in modes:
-        layers = {"dense": dense, "AWQ": quantized}
+        layers = {"dense": dense, "AWQ": quantized, "fused": fused}
         if read_only is not None:
             layers["read-only"] = read_only
         if mode != "eager":
@@ -376,8 +385,8 @@ def main():
         for phase, tokens in (("decode step", 1), ("prefill", args.prefill)):
             steps = {name: Step(layer, rotary, tokens, hidden, dtype, device, args.seed)
                      for name, layer in layers.items() if tokens == 1 or name != "read-only"}
-            err = check(quantized, steps["AWQ"], dtype, rotary, tokens, hidden, device,
-                        args.seed)
+            err = max(check(q, steps[name], dtype, rotary, tokens, hidden, device, args.seed)
+                      for name, q in (("AWQ", quantized), ("fused", fused)))
             samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
             medians = {}
             print(f"{phase} ({tokens} token{'s' if tokens > 1 else ''}, {mode}, "
@@ -400,16 +409,19 @@ def main():
         decode, prefill = ratios["decode step"], ratios["prefill"]
         prefix = "" if mode == "eager" else f"{mode}: "
         print(f"{prefix}decode step ratio (dense / AWQ): "
-              f"{decode['dense'] / decode['AWQ']:.2f}  (target >= 2)")
+              f"{decode['dense'] / decode['AWQ']:.2f}; fused projections "
+              f"{decode['dense'] / decode['fused']:.2f}  (target >= 2)")
         if "AWQ, no graph" in decode:
             print(f"{prefix}decode step ratio without a CUDA graph (dense / AWQ): "
-                  f"{decode['dense, no graph'] / decode['AWQ, no graph']:.2f}")
+                  f"{decode['dense, no graph'] / decode['AWQ, no graph']:.2f}; fused "
+                  f"projections {decode['dense, no graph'] / decode['fused, no graph']:.2f}")
         if read_only is not None:
             print(f"{prefix}decode step ratio (dense / read-only): "
                   f"{decode['dense'] / decode['read-only']:.2f}  (weights streamed, nothing "
                   f"computed)")
         print(f"{prefix}prefill ratio (AWQ / dense): "
-              f"{prefill['AWQ'] / prefill['dense']:.3f}  (target <= 1.10)")
+              f"{prefill['AWQ'] / prefill['dense']:.3f}; fused projections "
+              f"{prefill['fused'] / prefill['dense']:.3f}  (target <= 1.10)")
     if on_cuda:
         host = host_overhead(device, args.host_repeats)
         print(f"host us per call, GPU busy (4096x4096, 1 token): AWQLinear "
