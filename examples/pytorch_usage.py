@@ -3,9 +3,11 @@ checkpoint and load it back.
 
 A small Llama with random weights (built from a transformers LlamaConfig, nothing is
 downloaded) is quantized in place with quantize_model: every nn.Linear that fits the
-AWQ format becomes an AWQLinear, lm_head stays dense. The model's own save_pretrained
-writes an AWQ checkpoint folder; load_pretrained reads it into a new model, which must
-give the same logits and the same greedy continuation. Runs on the CPU as written
+AWQ format becomes an AWQLinear, lm_head stays dense; fuse_projections then has the
+layers that take one input (q/k/v, gate/up) computed by one call each. The model's own
+save_pretrained writes an AWQ checkpoint folder; load_pretrained reads it into a new
+model (and fuses the same layers), which must give the same logits and the same greedy
+continuation. Runs on the CPU as written
 (float32); pass --device cuda for the GPU (float16).
 
     pip install "awq_fast_dequant[hf]"
@@ -18,7 +20,7 @@ import tempfile
 import torch
 import transformers
 
-from awq_fast_dequant.torch import AWQLinear, load_pretrained, quantize_model
+from awq_fast_dequant.torch import AWQLinear, fuse_projections, load_pretrained, quantize_model
 
 
 def main():
@@ -40,7 +42,9 @@ def main():
     print(f"quantized {layers} layers; left dense: {skipped}")
     print(model.model.layers[0].mlp.down_proj)
 
-    # 2. Run it: AWQLinear.forward is the fused 4-bit linear layer.
+    # 2. Run it: AWQLinear.forward is the fused 4-bit linear layer. fuse_projections
+    #    has q/k/v and gate/up computed by one call each (fewer, larger launches).
+    print(f"fused: {fuse_projections(model)}")
     with torch.no_grad():
         logits = model(ids).logits
     print(f"logits {tuple(logits.shape)}, next token {logits[0, -1].argmax().item()}")
