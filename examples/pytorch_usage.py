@@ -33,7 +33,11 @@ def main():
         vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    # Built in its dtype, as from_pretrained and load_pretrained build a model: buffers
+    # it computes itself (the rotary embedding's frequencies) stay float32, as they do
+    # in the reloaded model. model.to(dtype) would make them float16 too.
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = model.to(device).eval()
     ids = torch.randint(0, config.vocab_size, (1, 16), device=device)
 
     # 1. Quantize in place: 4-bit weights, one scale and zero point per 128 inputs.
