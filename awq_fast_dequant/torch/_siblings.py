@@ -58,16 +58,17 @@ class Siblings:
         index = layer._sibling_index
         pending = self.pending
         grad = _grad_enabled()
+        # Under torch.compile, which traces the calls in order, a version counter
+        # cannot be read.
+        version = None if _is_compiling() else _version_of(x)
         hit = pending.pop(index, None)
         # The member's part of an output computed from this very tensor, unchanged
-        # since (under torch.compile, which traces the calls in order, a version
-        # counter cannot be read), in the same grad mode.
-        if (hit is not None and hit[0] is x and hit[2] == grad
-                and (_is_compiling() or hit[1] == _version_of(x))):
+        # since, in the same grad mode.
+        if hit is not None and hit[0] is x and hit[1] == version and hit[2] == grad:
             return hit[3]
         pending.clear()
-        parts = self.fused.forward(x).split(self.sizes, dim=-1)
-        version = None if _is_compiling() else _version_of(x)
+        # split_with_sizes: Tensor.split's Python wrapper costs as much again
+        parts = self.fused.forward(x).split_with_sizes(self.sizes, -1)
         for i, part in enumerate(parts):
             if i != index:
                 pending[i] = (x, version, grad, part)
