@@ -217,6 +217,22 @@ def test_assigning_a_buffer_unfuses_the_group_first():
     assert torch.equal(model.k.qweight, other.k.qweight)
 
 
+def test_a_buffer_replaced_behind_the_modules_back_is_seen_at_the_next_call():
+    # as code that writes _buffers itself does (accelerate's device hooks)
+    model = quantized_block()
+    other = quantized_block(seed=21)
+    fuse_projections(model, example())
+    model.v._buffers["qweight"] = other.v.qweight.clone()
+    x = example(seed=22)
+    with torch.no_grad():
+        y = model.q(x)
+        v = model.v(x)
+    assert model.q._siblings is None and model.v._siblings is None
+    assert_layer_close(y, model.q, x)
+    assert_layer_close(v, model.v, x)
+    assert torch.equal(model.v.qweight, other.v.qweight)
+
+
 def test_a_conversion_unfuses_and_the_layers_own_their_buffers():
     model = quantized_block()
     fuse_projections(model, example())
@@ -312,6 +328,20 @@ def test_compile_fullgraph_calls_the_op_once_a_group():
     torch.testing.assert_close(inductor, want, rtol=1e-5, atol=1e-5)
     assert counts == [4]
     assert not model.q._siblings.pending  # every part taken
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_torch_export_of_a_fused_model_calls_the_op_once_a_group(strict):
+    model = quantized_block()
+    fuse_projections(model, example())
+    x = example(seed=23)
+    program = torch.export.export(model, (x,), strict=strict)
+    ops = [n for n in program.graph.nodes
+           if n.target is torch.ops.awq_fast_dequant.linear.default]
+    assert len(ops) == 4
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)
+    assert not model.q._siblings.pending
 
 
 @cuda

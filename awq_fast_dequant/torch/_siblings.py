@@ -67,6 +67,9 @@ class Siblings:
         if hit is not None and hit[0] is x and hit[1] == version and hit[2] == grad:
             return hit[3]
         pending.clear()
+        if not self.intact():  # a buffer replaced in place of the module's own setattr
+            self.dissolve()
+            return layer.forward(x)
         # split_with_sizes: Tensor.split's Python wrapper costs as much again
         parts = self.fused.forward(x).split_with_sizes(self.sizes, -1)
         for i, part in enumerate(parts):
@@ -76,7 +79,8 @@ class Siblings:
 
     def intact(self) -> bool:
         """Whether every member still holds the views it was given (a device or
-        dtype conversion replaces them; an assignment dissolves the group first)."""
+        dtype conversion replaces them, and so does code that writes a module's
+        _buffers itself; an assignment dissolves the group first)."""
         for m, views in zip(self.members, self.views):
             b = m._buffers
             for name, view in zip(_BUFFERS, views):
