@@ -331,17 +331,19 @@ def test_compile_fullgraph_calls_the_op_once_a_group():
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
-def test_torch_export_of_a_fused_model_calls_the_op_once_a_group(strict):
+def test_torch_export_of_a_fused_model_holds_the_layers_own_buffers(strict):
     model = quantized_block()
     fuse_projections(model, example())
     x = example(seed=23)
     program = torch.export.export(model, (x,), strict=strict)
     ops = [n for n in program.graph.nodes
            if n.target is torch.ops.awq_fast_dequant.linear.default]
-    assert len(ops) == 4
+    assert len(ops) == 7  # each layer from its own buffers: no concatenated constants
+    assert not program.constants
+    assert program.state_dict.keys() == model.state_dict().keys()
     with torch.no_grad():
         torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)
-    assert not model.q._siblings.pending
+    assert model.q._siblings is not None and not model.q._siblings.pending
 
 
 @cuda

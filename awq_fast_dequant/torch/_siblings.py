@@ -20,6 +20,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from . import _ops
+
 __all__ = ["fuse_projections", "unfuse_projections"]
 
 logger = logging.getLogger("awq_fast_dequant")
@@ -27,6 +29,14 @@ logger = logging.getLogger("awq_fast_dequant")
 _BUFFERS = ("qweight", "qzeros", "scales", "bias")
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
+_is_exporting = torch.compiler.is_exporting
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _alone(layer, x):
+    """layer's output through the registered op, from its own buffers."""
+    return _ops.linear(x, layer.qweight, layer.qzeros, layer.scales, layer.bias,
+                       layer.group_size)
 
 
 def _version_of(x: torch.Tensor):
@@ -58,9 +68,13 @@ class Siblings:
         index = layer._sibling_index
         pending = self.pending
         grad = _grad_enabled()
+        compiling = _is_compiling()
+        if compiling and _is_exporting():
+            # An exported program holds the layers' own buffers: each computes itself.
+            return _alone(layer, x)
         # Under torch.compile, which traces the calls in order, a version counter
         # cannot be read.
-        version = None if _is_compiling() else _version_of(x)
+        version = None if compiling else _version_of(x)
         hit = pending.pop(index, None)
         # The member's part of an output computed from this very tensor, unchanged
         # since, in the same grad mode.
@@ -68,6 +82,8 @@ class Siblings:
             return hit[3]
         pending.clear()
         if not self.intact():  # a buffer replaced in place of the module's own setattr
+            if compiling or _dispatch_modes():
+                return _alone(layer, x)  # traced, buffers swapped in for the trace
             self.dissolve()
             return layer.forward(x)
         # split_with_sizes: Tensor.split's Python wrapper costs as much again
@@ -112,8 +128,12 @@ class Siblings:
 
 
 def _shares(t: torch.Tensor, whole: torch.Tensor) -> bool:
-    return (t.device == whole.device and not t.is_meta
-            and t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr())
+    if t.device != whole.device or t.is_meta:
+        return False
+    try:
+        return t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    except RuntimeError:  # a tensor without memory (a fake tensor of a trace)
+        return False
 
 
 def _layers(model: nn.Module) -> dict:
