@@ -29,7 +29,8 @@ logger = logging.getLogger("awq_fast_dequant")
 _BUFFERS = ("qweight", "qzeros", "scales", "bias")
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-_is_exporting = torch.compiler.is_exporting
+# torch.compiler.is_exporting came after torch 2.4; before it, export fuses as compile does
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
