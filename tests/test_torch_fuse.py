@@ -270,6 +270,18 @@ def test_unfuse_gives_back_the_layers_bit_for_bit():
         assert torch.equal(model(x), reference(x))
 
 
+def test_a_shallow_copy_of_a_member_outlives_its_group():
+    model = quantized_block()
+    fuse_projections(model, example())
+    k = copy.copy(model.k)
+    unfuse_projections(model)
+    x = example(seed=24)
+    with torch.no_grad():
+        y = k(x)
+    assert k._siblings is None
+    assert_layer_close(y, k, x)
+
+
 def test_fusing_again_refuses_nothing_and_deepcopy_keeps_the_groups():
     model = quantized_block()
     fuse_projections(model, example())

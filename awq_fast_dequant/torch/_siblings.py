@@ -66,6 +66,11 @@ class Siblings:
         self.pending: dict = {}
 
     def __call__(self, layer, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is None:
+            # dissolved while a copy of a member (copy.copy, DataParallel's replicas)
+            # still pointed at it: that copy computes alone from now on
+            layer._siblings = layer._sibling_index = None
+            return layer.forward(x)
         index = layer._sibling_index
         pending = self.pending
         grad = _grad_enabled()
