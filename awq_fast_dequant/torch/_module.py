@@ -672,12 +672,7 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
         model.eval()
         with torch.no_grad():
             for item in calibration:
-                if isinstance(item, Mapping):
-                    model(**item)
-                elif isinstance(item, (tuple, list)):
-                    model(*item)
-                else:
-                    model(item)
+                _run_input(model, item)
                 stats.flush()
                 items += 1
                 bar.step()
@@ -689,6 +684,16 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
     if items == 0:
         raise ValueError("calibration must yield at least one model input; it yielded none")
     return stats.per_layer(), items
+
+
+def _run_input(model: nn.Module, item) -> None:
+    """model(**item) for a mapping, model(*item) for a tuple or list, else model(item)."""
+    if isinstance(item, Mapping):
+        model(**item)
+    elif isinstance(item, (tuple, list)):
+        model(*item)
+    else:
+        model(item)
 
 
 def _version_of(x: torch.Tensor):

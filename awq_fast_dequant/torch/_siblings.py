@@ -15,12 +15,12 @@ that state_dict, load_state_dict and the module tree stay as they were.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from . import _ops
+from ._module import AWQLinear, _run_input, _version_of
 
 __all__ = ["fuse_projections", "unfuse_projections"]
 
@@ -38,15 +38,6 @@ def _alone(layer, x):
     """layer's output through the registered op, from its own buffers."""
     return _ops.linear(x, layer.qweight, layer.qzeros, layer.scales, layer.bias,
                        layer.group_size)
-
-
-def _version_of(x: torch.Tensor):
-    """x's version counter, None for a tensor without one (made under
-    torch.inference_mode)."""
-    try:
-        return x._version
-    except RuntimeError:
-        return None
 
 
 class Siblings:
@@ -143,7 +134,6 @@ def _shares(t: torch.Tensor, whole: torch.Tensor) -> bool:
 
 
 def _layers(model: nn.Module) -> dict:
-    from ._module import AWQLinear
     return {m: name for name, m in model.named_modules() if isinstance(m, AWQLinear)}
 
 
@@ -183,7 +173,6 @@ def fuse_projections(model: nn.Module, example=None) -> list[tuple[str, ...]]:
     (``.to(device)``, ``.half()``) or assigning buffers unfuses the group the
     layers were in; call fuse_projections again after. unfuse_projections
     undoes it."""
-    from ._module import AWQLinear
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     layers = _layers(model)
@@ -217,7 +206,7 @@ def fuse_projections(model: nn.Module, example=None) -> list[tuple[str, ...]]:
         seen.add(run)
         if len({parent[m] for m in run}) != 1 or not _compatible(run):
             continue
-        _fuse(list(run), AWQLinear)
+        _fuse(list(run))
         fused.append(tuple(layers[m] for m in run))
     for names in fused:
         logger.info("fuse_projections: %s computed by one call", ", ".join(names))
@@ -238,12 +227,7 @@ def _observe(model: nn.Module, layers: dict, example) -> list[tuple]:
     try:
         model.eval()
         with torch.no_grad():
-            if isinstance(example, Mapping):
-                model(**example)
-            elif isinstance(example, (tuple, list)):
-                model(*example)
-            else:
-                model(example)
+            _run_input(model, example)
     finally:
         for hook in hooks:
             hook.remove()
@@ -280,11 +264,11 @@ def _compatible(run) -> bool:
     return True
 
 
-def _fuse(members: list, layer_type) -> None:
+def _fuse(members: list) -> None:
     first = members[0]
     N = sum(m.out_features for m in members)
-    fused = layer_type(first.in_features, N, first.group_size, first.bias is not None,
-                       dtype=first.scales.dtype, device="meta")
+    fused = AWQLinear(first.in_features, N, first.group_size, first.bias is not None,
+                      dtype=first.scales.dtype, device="meta")
     with torch.no_grad():
         for name in _BUFFERS:
             if first._buffers.get(name) is None:
