@@ -105,6 +105,9 @@ class AWQLinear(nn.Module):
     a forward-mode AD level, and when autograd records the call. Gradients, and
     forward-mode tangents, flow to x (and to scales and bias if they are made to
     require grad, or made nn.Parameters); the packed weights are constants.
+
+    fuse_projections groups layers that take the same input: their buffers
+    become views into the group's, and the first of them called computes all.
     """
 
     # Set by fuse_projections: the group this layer is computed with, and its place in it.
