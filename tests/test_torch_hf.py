@@ -394,6 +394,23 @@ def test_unfused_experts_route_each_token_to_its_experts():
 
 
 @pytest.mark.parametrize("kind", sorted(EXPERT_NAMES))
+def test_every_experts_gate_and_up_fuse_whether_routed_to_or_not(kind):
+    model = small_moe(kind)
+    quantize_model(model, 128)
+    reference = copy.deepcopy(model)
+    gate, up, _ = EXPERT_NAMES[kind]
+    one_token = prompt()[:1, :1]  # routed to two experts of four in each layer
+    groups = fuse_projections(model, {"input_ids": one_token})
+    experts = {g for g in groups if ".experts." in g[0]}
+    assert len(experts) == 2 * 4
+    assert all(g[0].endswith(f".{gate}") and g[1].endswith(f".{up}") for g in experts)
+    ids = prompt()
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERT_NAMES))
 def test_mixture_of_experts_quantized_saved_and_loaded(kind, tmp_path):
     from awq_fast_dequant.torch import UnfusedExperts
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from . import _ops
+from ._experts import UnfusedExperts
 from ._module import AWQLinear, _run_input, _version_of
 
 __all__ = ["fuse_projections", "unfuse_projections"]
@@ -160,7 +161,9 @@ def fuse_projections(model: nn.Module, example=None) -> list[tuple[str, ...]]:
     moved to the device of its AWQ layers. Layers fuse when they are children of
     one module, are called in a row with one tensor, unchanged in between, and
     agree in in_features, group_size, device, dtype and having a bias; a layer
-    called in more than one such way is left alone.
+    called in more than one such way is left alone. Each expert's gate and up
+    projections in an UnfusedExperts fuse whether or not the example reaches
+    the expert (its forward calls them that way).
 
     Outputs are those of the same layers unfused, within linear()'s tolerance
     (one call over the concatenated weights sums in its own order); they are
@@ -192,7 +195,7 @@ def fuse_projections(model: nn.Module, example=None) -> list[tuple[str, ...]]:
     parent = {}
     for m, name in layers.items():
         parent[m] = name.rpartition(".")[0]
-    runs = _observe(model, layers, example)
+    runs = _observe(model, layers, example) + _expert_pairs(model, layers)
     group_of: dict = {}
     for run in runs:
         for m in run:
@@ -245,6 +248,20 @@ def _observe(model: nn.Module, layers: dict, example) -> list[tuple]:
     if run:
         runs.append(tuple(run))
     return runs
+
+
+def _expert_pairs(model: nn.Module, layers: dict) -> list[tuple]:
+    """(gate, up) of every expert of every UnfusedExperts: its forward calls them in
+    a row with one tensor, whether or not the example routes a token to the expert."""
+    pairs = []
+    for module in model.modules():
+        if isinstance(module, UnfusedExperts):
+            gate, up, _ = module.names
+            for expert in module._modules.values():
+                pair = (getattr(expert, gate, None), getattr(expert, up, None))
+                if all(layer in layers for layer in pair):
+                    pairs.append(pair)
+    return pairs
 
 
 def _compatible(run) -> bool:
