@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import operator
@@ -662,31 +663,42 @@ def _input_statistics(model: nn.Module, targets: dict, calibration, bar: _Progre
     matrix (the same tensor under each id)."""
     stats = _SharedStatistics()
 
-    def record(layer, args, kwargs):
-        x = args[0] if args else kwargs["input"]
+    def record(layer, x):
         if not isinstance(x, torch.Tensor) or x.shape[-1:] != (layer.in_features,):
             return  # the layer's own forward refuses it, in its own words
         stats.record(id(layer), x)
 
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in targets.values()]
-    modes = [(m, m.training) for m in model.modules()]
     items = 0
-    try:
-        model.eval()
-        with torch.no_grad():
-            for item in calibration:
-                _run_input(model, item)
-                stats.flush()
-                items += 1
-                bar.step()
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for m, training in modes:
-            m.training = training
+    with _recording_inputs(model, targets.values(), record):
+        for item in calibration:
+            _run_input(model, item)
+            stats.flush()
+            items += 1
+            bar.step()
     if items == 0:
         raise ValueError("calibration must yield at least one model input; it yielded none")
     return stats.per_layer(), items
+
+
+@contextlib.contextmanager
+def _recording_inputs(model: nn.Module, layers, record):
+    """model in eval mode under torch.no_grad, record(layer, input) called as each of
+    `layers` is about to run; the hooks removed and every module's mode restored
+    after."""
+    def hook(layer, args, kwargs):
+        record(layer, args[0] if args else kwargs.get("input"))
+
+    hooks = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, training in modes:
+            m.training = training
 
 
 def _run_input(model: nn.Module, item) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from . import _ops
 from ._experts import UnfusedExperts
-from ._module import AWQLinear, _run_input, _version_of
+from ._module import AWQLinear, _recording_inputs, _run_input, _version_of
 
 __all__ = ["fuse_projections", "unfuse_projections"]
 
@@ -221,21 +221,11 @@ def _observe(model: nn.Module, layers: dict, example) -> list[tuple]:
     in one forward of model on example."""
     calls = []
 
-    def record(layer, args, kwargs):
-        x = args[0] if args else kwargs.get("input")
+    def record(layer, x):
         calls.append((layer, x, _version_of(x) if isinstance(x, torch.Tensor) else None))
 
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in layers]
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        with torch.no_grad():
-            _run_input(model, example)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for m, training in modes:
-            m.training = training
+    with _recording_inputs(model, layers, record):
+        _run_input(model, example)
     runs, run, last = [], [], None
     for layer, x, version in calls:
         if (run and isinstance(x, torch.Tensor) and x is last[0] and version is not None
