@@ -30,9 +30,14 @@ logger = logging.getLogger("awq_fast_dequant")
 _BUFFERS = ("qweight", "qzeros", "scales", "bias")
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-# torch.compiler.is_exporting came after torch 2.4; before it, export fuses as compile does
-_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _is_exporting() -> bool:
+    """torch.compiler.is_exporting(), read from its flag: torch.compile of torch
+    2.11 takes the function itself for True, whatever it traces for. Where torch
+    has no such flag, export fuses as torch.compile does."""
+    return getattr(torch.compiler, "_is_exporting_flag", False)
 
 
 def _alone(layer, x):
