@@ -448,8 +448,11 @@ done:
 static int query_device(awq_state *st, PyObject *obj, const char *name, DLDevice *dev)
 {
     PyObject *t = PyObject_CallMethodNoArgs(obj, st->str_dlpack_device);
-    if (t == NULL)
+    if (t == NULL) {
+        /* torch before the exchange API refuses a meta tensor here */
+        reraise_unreadable(name, obj);
         return -1;
+    }
     int ok = PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 2;
     if (ok) {
         long ty = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
