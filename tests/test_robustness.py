@@ -309,6 +309,26 @@ def test_symlinked_cache_file_is_written_through(tmp_path, monkeypatch):
 
 # ---- tensors a producer cannot export ----
 
+def test_a_producer_whose_dlpack_device_raises_gets_the_packages_error():
+    # as torch's __dlpack_device__ does for a meta tensor where it has no exchange API
+    class NoDevice:
+        def __dlpack__(self, stream=None, max_version=None):
+            raise AssertionError("never asked: the device comes first")
+
+        def __dlpack_device__(self):
+            raise ValueError("Unknown device type meta for Dlpack")
+
+    qw, qz, sc, _ = _fork_layer()
+    with pytest.raises(TypeError, match="qweight .* cannot be read as an array in CPU or CUDA "
+                                       "memory: Unknown device type meta") as info:
+        awq.dequantize(NoDevice(), qz, sc)
+    assert isinstance(info.value.__cause__, ValueError)
+    before = qw.copy()
+    with pytest.raises(TypeError, match="out .* cannot be read as an array"):
+        awq.dequantize(qw, qz, sc, out=NoDevice())
+    assert np.array_equal(qw, before)
+
+
 @pytest.mark.parametrize("kind", ["meta", "sparse"])
 def test_tensors_without_readable_memory_get_the_packages_error(kind):
     torch = pytest.importorskip("torch")
