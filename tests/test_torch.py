@@ -1,6 +1,7 @@
 """awq_fast_dequant.torch: the registered ops (opcheck, torch.compile, CUDA graphs),
 AWQLinear, quantize_model; the core package without torch."""
 
+import importlib
 import io
 import logging
 import pathlib
@@ -71,6 +72,16 @@ def test_the_integration_imports_the_real_torch():
 
     for mod in (_ops, _module, _hf):
         assert mod.torch is sys.modules["torch"] and hasattr(mod.torch, "library")
+
+
+def test_the_integration_refuses_a_torch_older_than_2_5():
+    code = ("import torch; torch.__version__ = '2.4.1+cu121'\n"
+            "try:\n    import awq_fast_dequant.torch\n"
+            "except ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env(), cwd="/", check=True)
+    assert out.stdout.strip() == ("awq_fast_dequant.torch needs torch >= 2.5; this is torch "
+                                  "2.4.1+cu121 (pip install 'torch>=2.5')")
 
 
 # --- the registered ops -------------------------------------------------------
@@ -327,7 +338,8 @@ def test_meta_layer_and_export_refuse_x_of_the_wrong_width():
         meta(torch.randn(4, 256, device="meta"))
     layer = make_awq(dtype=torch.float32)
     with pytest.raises(ValueError, match="x's last dimension must be K = 256"):
-        torch.export.export(layer, (torch.randn(4, 100),))
+        # non-strict (the default of newer torch; strict export wraps the error in its own)
+        torch.export.export(layer, (torch.randn(4, 100),), strict=False)
 
 
 def graph_ops(gm):
@@ -448,6 +460,9 @@ def run_aoti_child(device, kind, folder):
 
 
 @pytest.mark.parametrize("device", EXPORT_DEVICES)
+@pytest.mark.skipif(not hasattr(importlib.import_module("torch._inductor"),
+                            "aoti_compile_and_package"),
+                    reason=f"torch {torch.__version__} has no AOTInductor packages (2.6+)")
 def test_aotinductor_compiles_an_exported_awq_model(tmp_path, device):
     got = run_aoti_child(device, "awq", tmp_path / "awq")
     if got.returncode < 0:  # killed by a signal: does torch's AOTInductor run at all here?

@@ -24,11 +24,18 @@ and provides:
   loaded into its transformers model (needs the 'hf' extra).
 """
 
-from ._ops import dequantize, dequantize_out, linear
-from ._module import AWQLinear, quantize_model
-from ._experts import UnfusedExperts
-from ._siblings import fuse_projections, unfuse_projections
-from ._hf import load_pretrained, parameters_on_meta
+import torch as _torch
+
+# DispatchKeySet.raw_repr, which the ops' autograd kernels read, came in torch 2.5.
+if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    raise ImportError(f"awq_fast_dequant.torch needs torch >= 2.5; this is torch "
+                      f"{_torch.__version__} (pip install 'torch>=2.5')")
+
+from ._ops import dequantize, dequantize_out, linear  # noqa: E402
+from ._module import AWQLinear, quantize_model  # noqa: E402
+from ._experts import UnfusedExperts  # noqa: E402
+from ._siblings import fuse_projections, unfuse_projections  # noqa: E402
+from ._hf import load_pretrained, parameters_on_meta  # noqa: E402
 
 __all__ = ["AWQLinear", "UnfusedExperts", "quantize_model", "fuse_projections",
            "unfuse_projections", "load_pretrained",

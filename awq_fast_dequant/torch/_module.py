@@ -34,6 +34,22 @@ _FWAD = _ops.FWAD
 _is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
 
 
+def _without_memory(x: torch.Tensor, weights: tuple) -> bool:
+    """x on the meta device, or x or a weight wrapped by torch.func."""
+    return (x.is_meta or _is_functorch_wrapped(x)
+            or any(t is not None and _is_functorch_wrapped(t) for t in weights))
+
+
+# A torch without the DLPack exchange API hands tensors to the C extension through
+# Tensor.__dlpack__, which refuses a tensor that requires grad, and, with a RuntimeError,
+# one that torch.func wraps.
+_OLD_DLPACK = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
+def _refused_by_dlpack(x: torch.Tensor, weights: tuple) -> bool:
+    return _OLD_DLPACK and _without_memory(x, weights)
+
+
 def _positive(value, name: str) -> int:
     if isinstance(value, bool):  # an int to operator.index, but never meant as a size
         raise TypeError(f"{name} must be an integer; got {value!r}")
@@ -161,18 +177,26 @@ class AWQLinear(nn.Module):
             return _ops.linear(x, b["qweight"], b["qzeros"], scales, bias, self.group_size)
         if not x.is_contiguous():
             x = x.contiguous()
+        if _OLD_DLPACK and (x.requires_grad or scales.requires_grad
+                            or (bias is not None and bias.requires_grad)):
+            # under no_grad: the same values, detached for Tensor.__dlpack__
+            x, scales = x.detach(), scales.detach()
+            bias = None if bias is None else bias.detach()
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
             self._check_scales_dtype()
             weights = (b["qweight"], b["qzeros"], scales, bias)
-            if not (x.is_meta or _is_functorch_wrapped(x)
-                    or any(t is not None and _is_functorch_wrapped(t) for t in weights)
+            if not (_without_memory(x, weights)
                     or (x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
                 raise
         except ValueError:
             weights = (b["qweight"], b["qzeros"], scales, bias)
             if all(t is None or t.is_contiguous() for t in weights):
+                raise
+        except RuntimeError:
+            weights = (b["qweight"], b["qzeros"], scales, bias)
+            if not _refused_by_dlpack(x, weights):
                 raise
         # x without memory of its own: on the meta device (the op's fake kernel gives the
         # output, as nn.Linear does) or wrapped by torch.func (vmap, grad), or buffers that

@@ -246,9 +246,20 @@ def _without_grad(op, kernel, keyset, *args):
 
 # --- dequantize -------------------------------------------------------------
 
+if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+    def _bare(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous()
+else:
+    def _bare(t: torch.Tensor) -> torch.Tensor:
+        # A torch without the DLPack exchange API (2.9 has none) hands tensors over
+        # through Tensor.__dlpack__, which refuses one that requires grad; below
+        # autograd the kernels' inputs may (their autograd kernel has recorded it).
+        return t.detach().contiguous()
+
+
 def _dequantize_kernel(qweight, qzeros, scales, group_size=None, out_dtype=None):
     """W [K, N] = (q - z) * scale, of out_dtype (default: scales' dtype)."""
-    return _afd.dequantize(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(),
+    return _afd.dequantize(_bare(qweight), _bare(qzeros), _bare(scales),
                            group_size=group_size, out_dtype=out_dtype)
 
 
@@ -328,7 +339,7 @@ _register("dequantize", _dequantize_kernel, _dequantize_fake, _dequantize_autogr
 
 def _dequantize_out_kernel(qweight, qzeros, scales, out, group_size=None):
     """Writes W into out, of out's dtype ([K, N], contiguous). No autograd."""
-    _afd.dequantize(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(),
+    _afd.dequantize(_bare(qweight), _bare(qzeros), _bare(scales),
                     group_size=group_size, out=out, out_dtype=out.dtype)
 
 
@@ -367,9 +378,8 @@ _lib.impl("dequantize_out", _dequantize_out_inplace_or_view, "ADInplaceOrView", 
 
 def _linear_kernel(x, qweight, qzeros, scales, bias=None, group_size=None):
     """y [..., N] = x [..., K] @ W + bias, in x's dtype."""
-    return _afd.linear(x.contiguous(), qweight.contiguous(), qzeros.contiguous(),
-                       scales.contiguous(), None if bias is None else bias.contiguous(),
-                       group_size=group_size)
+    return _afd.linear(_bare(x), _bare(qweight), _bare(qzeros), _bare(scales),
+                       None if bias is None else _bare(bias), group_size=group_size)
 
 
 def _linear_fake(x, qweight, qzeros, scales, bias=None, group_size=None):
