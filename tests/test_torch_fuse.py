@@ -347,6 +347,8 @@ def test_torch_export_of_a_fused_model_holds_the_layers_own_buffers(strict):
     model = quantized_block()
     fuse_projections(model, example())
     x = example(seed=23)
+    if strict and not hasattr(torch.compiler, "_is_exporting_flag"):
+        pytest.skip(f"torch {torch.__version__} cannot tell strict export from torch.compile")
     program = torch.export.export(model, (x,), strict=strict)
     ops = [n for n in program.graph.nodes
            if n.target is torch.ops.awq_fast_dequant.linear.default]
@@ -381,10 +383,9 @@ def test_cuda_graph_replays_a_fused_model():
     assert not torch.equal(out, want)
 
 
-transformers = pytest.importorskip("transformers", reason="needs transformers")
-
-
 def test_transformers_llama_fuses_by_its_dummy_inputs(tmp_path):
+    transformers = pytest.importorskip("transformers", minversion="5",
+                                       reason="needs transformers 5 or later")
     from awq_fast_dequant.torch import load_pretrained
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,

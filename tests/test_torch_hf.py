@@ -21,7 +21,8 @@ from conftest import assert_linear_close, child_env
 
 torch = pytest.importorskip("torch", reason="needs torch")
 transformers = pytest.importorskip(
-    "transformers", reason="needs transformers: pip install 'awq_fast_dequant[hf]'")
+    "transformers", minversion="5",
+    reason="needs transformers 5 or later: pip install 'awq_fast_dequant[hf]'")
 safetensors_torch = pytest.importorskip(
     "safetensors.torch", reason="needs safetensors: pip install 'awq_fast_dequant[hf]'")
 nn = torch.nn
@@ -969,6 +970,13 @@ def test_cuda_device_without_cuda_is_refused(saved_llama, nothing_built):
 def test_without_transformers_the_error_names_the_extra(saved_llama, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"awq_fast_dequant\[hf\]"):
+        load_pretrained(saved_llama[0])
+
+
+def test_transformers_4_is_refused_with_the_version_it_needs(saved_llama, monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    with pytest.raises(ImportError, match=r"needs transformers 5 or later; this is "
+                                          r"transformers 4\.57\.6"):
         load_pretrained(saved_llama[0])
 
 

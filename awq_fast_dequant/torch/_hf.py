@@ -647,6 +647,13 @@ def load_pretrained(path, *, dtype=None, device=None, model_class=None, progress
     the device. Needs transformers and safetensors (the 'hf' extra).
     """
     transformers = _require("transformers")
+    major = transformers.__version__.split(".")[0]
+    if not major.isdigit() or int(major) < 5:
+        # transformers 4 keeps other module layouts and lacks the tied-weights and
+        # weight-renaming interfaces this loader reads
+        raise ImportError(f"load_pretrained needs transformers 5 or later; this is "
+                          f"transformers {transformers.__version__} "
+                          f"(pip install 'transformers>=5')")
     _require("safetensors")
     device = _target_device(device)  # the arguments first: a download may take long
     if dtype is not None:
