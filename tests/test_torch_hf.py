@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -974,7 +975,9 @@ def test_without_transformers_the_error_names_the_extra(saved_llama, monkeypatch
 
 
 def test_transformers_4_is_refused_with_the_version_it_needs(saved_llama, monkeypatch):
-    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    real = _hf._require
+    old = types.SimpleNamespace(__version__="4.57.6")
+    monkeypatch.setattr(_hf, "_require", lambda name: old if name == "transformers" else real(name))
     with pytest.raises(ImportError, match=r"needs transformers 5 or later; this is "
                                           r"transformers 4\.57\.6"):
         load_pretrained(saved_llama[0])
