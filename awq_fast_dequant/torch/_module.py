@@ -25,29 +25,20 @@ __all__ = ["AWQLinear", "quantize_model"]
 logger = logging.getLogger("awq_fast_dequant")
 
 _SCALE_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
-_OWN_BUFFERS = frozenset(("qweight", "qzeros", "scales", "bias"))
+_BUFFERS = ("qweight", "qzeros", "scales", "bias")
 
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
 _TENSOR = torch.Tensor
 _FWAD = _ops.FWAD
 _is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
+_OLD_DLPACK = _ops.OLD_DLPACK
 
 
 def _without_memory(x: torch.Tensor, weights: tuple) -> bool:
     """x on the meta device, or x or a weight wrapped by torch.func."""
     return (x.is_meta or _is_functorch_wrapped(x)
             or any(t is not None and _is_functorch_wrapped(t) for t in weights))
-
-
-# A torch without the DLPack exchange API hands tensors to the C extension through
-# Tensor.__dlpack__, which refuses a tensor that requires grad, and, with a RuntimeError,
-# one that torch.func wraps.
-_OLD_DLPACK = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
-
-
-def _refused_by_dlpack(x: torch.Tensor, weights: tuple) -> bool:
-    return _OLD_DLPACK and _without_memory(x, weights)
 
 
 def _positive(value, name: str) -> int:
@@ -196,8 +187,8 @@ class AWQLinear(nn.Module):
                 raise
         except RuntimeError:
             weights = (b["qweight"], b["qzeros"], scales, bias)
-            if not _refused_by_dlpack(x, weights):
-                raise
+            if not (_OLD_DLPACK and _without_memory(x, weights)):
+                raise  # not Tensor.__dlpack__ refusing a tensor that torch.func wraps
         # x without memory of its own: on the meta device (the op's fake kernel gives the
         # output, as nn.Linear does) or wrapped by torch.func (vmap, grad), or buffers that
         # torch.func wraps (vmap over stacked weights through functional_call); x of
@@ -337,12 +328,12 @@ class AWQLinear(nn.Module):
                                           unexpected_keys, error_msgs)
 
     def __setattr__(self, name, value):
-        if self._siblings is not None and name in _OWN_BUFFERS:
+        if self._siblings is not None and name in _BUFFERS:
             self._siblings.dissolve()  # a buffer replaced: the group's copy is stale
         super().__setattr__(name, value)
 
     def register_buffer(self, name, tensor, persistent=True):
-        if self._siblings is not None and name in _OWN_BUFFERS:
+        if self._siblings is not None and name in _BUFFERS:
             self._siblings.dissolve()
         super().register_buffer(name, tensor, persistent)
 
@@ -358,7 +349,7 @@ class AWQLinear(nn.Module):
         if self._siblings is not None:
             # Views into the group's buffers: saved as tensors of their own, so that no
             # two entries share memory (safetensors refuses that).
-            for name in _OWN_BUFFERS:
+            for name in _BUFFERS:
                 t = destination.get(prefix + name)
                 if t is not None:
                     destination[prefix + name] = t.clone(memory_format=torch.contiguous_format)

@@ -246,15 +246,16 @@ def _without_grad(op, kernel, keyset, *args):
 
 # --- dequantize -------------------------------------------------------------
 
-if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+# A torch without the DLPack exchange API (2.9 has none) hands tensors to the C
+# extension through Tensor.__dlpack__, which refuses one that requires grad (and,
+# with a RuntimeError, one that torch.func wraps); below autograd the kernels'
+# inputs may require grad (their autograd kernel has recorded it already).
+OLD_DLPACK = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+if OLD_DLPACK:
     def _bare(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous()
-else:
-    def _bare(t: torch.Tensor) -> torch.Tensor:
-        # A torch without the DLPack exchange API (2.9 has none) hands tensors over
-        # through Tensor.__dlpack__, which refuses one that requires grad; below
-        # autograd the kernels' inputs may (their autograd kernel has recorded it).
         return t.detach().contiguous()
+else:
+    _bare = torch.Tensor.contiguous  # the method itself: no Python frame a tensor
 
 
 def _dequantize_kernel(qweight, qzeros, scales, group_size=None, out_dtype=None):

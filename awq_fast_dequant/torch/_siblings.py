@@ -21,13 +21,12 @@ from torch import nn
 
 from . import _ops
 from ._experts import UnfusedExperts
-from ._module import AWQLinear, _recording_inputs, _run_input, _version_of
+from ._module import _BUFFERS, AWQLinear, _recording_inputs, _run_input, _version_of
 
 __all__ = ["fuse_projections", "unfuse_projections"]
 
 logger = logging.getLogger("awq_fast_dequant")
 
-_BUFFERS = ("qweight", "qzeros", "scales", "bias")
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
