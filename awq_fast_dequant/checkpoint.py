@@ -96,6 +96,7 @@ _OTHER_VERSIONS = {
     "marlin": "is repacked into Marlin tiles, with symmetric quantization",
     "exllama": "is repacked for ExLlama kernels",
     "ipex": "is repacked for Intel Extension for PyTorch",
+    "llm-awq": "is the original llm-awq packing, not AutoAWQ's GEMM one",
 }
 
 
@@ -181,7 +182,17 @@ class AWQConfig:
             raise UnsupportedCheckpointError(
                 f"{source}: zero_point is {zero_point!r}; only asymmetric AWQ (zero_point: true, "
                 "with qzeros) is supported")
-        version = config.get("version", "gemm")
+        # transformers 5 calls the layout "format" and reads the older "version"
+        # first; its backend "llm-awq" stands for llm-awq's own layout.
+        version, layout = config.get("version"), config.get("format")
+        if version is None:
+            version = "gemm" if layout is None else layout
+        elif layout is not None and str(layout).lower() != str(version).lower():
+            raise UnsupportedCheckpointError(
+                f"{source}: version {version!r} and format {layout!r} disagree; "
+                "they name the same thing (the packing of the weights)")
+        if str(config.get("backend", "")).lower() == "llm-awq":
+            version = "llm-awq"
         if not isinstance(version, str) or version.lower() != "gemm":
             why = _OTHER_VERSIONS.get(str(version).lower(), "is not the GEMM layout")
             raise UnsupportedCheckpointError(

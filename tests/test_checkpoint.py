@@ -40,6 +40,21 @@ def test_config_defaults_zero_point_and_version_as_hugging_face_does():
     assert (cfg.group_size, cfg.zero_point, cfg.version) == (-1, True, "gemm")
 
 
+def test_config_reads_the_format_key_of_transformers_5():
+    # transformers 5 writes the layout as "format" (and "version" alike); "version"
+    # alone is the older form, "format" alone the newer
+    base = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    for keys in ({"format": "gemm"}, {"format": "GEMM", "version": "gemm"},
+                 {"backend": "autoawq", "format": "gemm"}):
+        assert ck.AWQConfig.from_dict({**base, **keys}).version == "gemm"
+    for keys, words in (({"format": "gemv"}, "'gemv'.*matrix-vector"),
+                        ({"format": "gemv_fast", "version": None}, "'gemv_fast'"),
+                        ({"backend": "llm-awq", "version": "gemm"}, "'llm-awq'.*llm-awq"),
+                        ({"format": "gemv", "version": "gemm"}, "disagree")):
+        with pytest.raises(ck.UnsupportedCheckpointError, match=words):
+            ck.AWQConfig.from_dict({**base, **keys})
+
+
 @pytest.mark.parametrize("changes, error, words", [
     ({"quant_method": "gptq"}, ck.NotAWQCheckpointError, "'gptq'"),
     ({"quant_method": None}, ck.NotAWQCheckpointError, "quant_method"),

@@ -259,6 +259,37 @@ class LlamaWithAComputedScale(transformers.LlamaForCausalLM):
         self.register_buffer("third", torch.tensor(1 / 3), persistent=False)
 
 
+class LlamaWithFloat32Parts(transformers.LlamaForCausalLM):
+    """As DeepSeek-V3's router: a checkpoint buffer the model builds in float32, and a
+    module transformers keeps in float32 under float16 and bfloat16."""
+
+    _keep_in_fp32_modules_strict = ["model.norm"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("correction", torch.arange(8, dtype=torch.float32) / 3)
+
+
+def test_tensors_transformers_keeps_in_float32_stay_float32(tmp_path):
+    torch.manual_seed(0)
+    model = LlamaWithFloat32Parts(small_llama().config).eval()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path / "dense")
+    quantize_model(model, 128)
+    model.save_pretrained(tmp_path / "awq")
+    for dtype in (torch.float16, torch.bfloat16):
+        dense = LlamaWithFloat32Parts.from_pretrained(tmp_path / "dense", dtype=dtype)
+        loaded = load_pretrained(tmp_path / "awq", dtype=dtype, model_class=LlamaWithFloat32Parts,
+                                 fuse=False)
+        for name in ("correction", "model.norm.weight"):
+            got = loaded.state_dict()[name]
+            assert got.dtype == dense.state_dict()[name].dtype == torch.float32, name
+            assert torch.equal(got, model.state_dict()[name]), name
+        assert loaded.model.embed_tokens.weight.dtype == dtype
+        assert loaded.model.layers[0].mlp.up_proj.scales.dtype == dtype
+
+
 def test_load_pretrained_builds_the_model_in_dtype(saved_llama):
     """The buffers a model computes itself are made as transformers makes them for that
     dtype, not in the dtype config.json was saved in."""
@@ -759,6 +790,8 @@ def nothing_built(monkeypatch):
     ({"version": "gemv"}, "version 'gemv' is not supported"),
     ({"version": "marlin"}, "version 'marlin' is not supported"),
     ({"version": "exllama"}, "version 'exllama' is not supported"),
+    ({"version": None, "format": "gemv"}, "version 'gemv' is not supported"),
+    ({"backend": "llm-awq"}, "version 'llm-awq' is not supported"),
     ({"bits": 8}, "bits is 8; only 4-bit"),
     ({"zero_point": False}, "zero_point is False"),
     ({"quant_method": "gptq"}, "quant_method is 'gptq'"),

@@ -549,20 +549,44 @@ class _Progress:
             self.bar.close()
 
 
+def _kept_in_float32(model, dtype):
+    """A pattern for the names of the tensors that transformers' from_pretrained keeps in
+    float32 whatever dtype it loads the model in (the model's _keep_in_fp32_modules
+    under float16, _keep_in_fp32_modules_strict under float16 and bfloat16: routers'
+    score corrections, for one); None where there are none."""
+    names = set()
+    if dtype == torch.float16:
+        names.update(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if dtype in (torch.float16, torch.bfloat16):
+        names.update(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if not names:
+        return None
+    return re.compile("|".join(n.replace(".", r"\.").replace("*", ".*") for n in sorted(names)))
+
+
 def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
     where = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
     info = checkpoint.tensors
+    float32 = _kept_in_float32(model, dtype)
     total = sum(info[source].nbytes for source, _ in plan)
     with TensorReader(checkpoint.folder, info, "pt", device=where) as reader, \
             _Progress(progress, total, len(plan)) as bar:
         for source, names in plan:
             t = reader.get(source)
             bar.step(info[source].nbytes)
+            module, attr, is_parameter = slots[names[0]]
             if t.dtype == torch.uint32:
                 t = t.view(torch.int32)  # AWQ words: the same bits, in AWQLinear's dtype
-            elif t.is_floating_point() and t.dtype != dtype:
-                t = t.to(dtype)
-            module, attr, is_parameter = slots[names[0]]
+            elif t.is_floating_point():
+                # The dtype the model built the tensor in (dtype but where its code chose
+                # another), or float32 where transformers keeps it so; AWQ layers keep
+                # their scales in dtype.
+                want = getattr(module, attr).dtype
+                if (float32 is not None and not isinstance(module, AWQLinear)
+                        and any(float32.search(n) for n in names)):
+                    want = torch.float32
+                if t.dtype != want:
+                    t = t.to(want)
             if is_parameter:
                 t = nn.Parameter(t, requires_grad=getattr(module, attr).requires_grad)
             for name in names:
