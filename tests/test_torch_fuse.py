@@ -164,6 +164,62 @@ def test_gradients_through_a_fused_group_are_those_of_the_layers():
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_a_members_output_may_be_changed_in_place_while_recording():
+    # as an in-place activation does; autograd refuses that on the views of one split
+    model = quantized_block()
+    reference = copy.deepcopy(model)
+    fuse_projections(model, example())
+    grads = []
+    for m in (model, reference):
+        x = example(seed=23).requires_grad_()
+        q, k = m.q(x), m.k(x)
+        q.mul_(2)
+        nn.functional.silu(k, inplace=True)
+        (q.sum() + k.pow(2).sum() + m.v(x).sum()).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_a_members_buffer_made_trainable_after_fusing_gets_its_gradient():
+    model = quantized_block(bias=True)
+    reference = copy.deepcopy(model)
+    fuse_projections(model, example())
+    for m in (model, reference):
+        m.k.scales.requires_grad_()
+        m.v.bias.requires_grad_()
+        x = example(seed=24)
+        (m.q(x).sum() + m.k(x).pow(2).sum() + m.v(x).pow(2).sum()).backward()
+    for name in ("k.scales", "v.bias"):
+        got, want = model.get_buffer(name).grad, reference.get_buffer(name).grad
+        assert got is not None, name
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # unfused, each keeps requires_grad, as a buffer of its own (no autograd history)
+    unfuse_projections(model)
+    assert model.k.scales.requires_grad and model.k.scales.is_leaf
+    assert not model.q.scales.requires_grad
+
+
+def test_a_bias_made_an_nn_parameter_leaves_the_group_unfused():
+    model = quantized_block(bias=True)
+    model.k.bias = nn.Parameter(model.k._buffers.pop("bias"))
+    groups = fuse_projections(model, example())
+    assert groups == [("gate", "up")]
+    for name in ("q", "k", "v"):
+        layer = getattr(model, name)
+        assert layer._siblings is None and layer.qweight.is_contiguous(), name
+
+
+def test_weights_loaded_between_member_calls_are_used_by_the_next_member():
+    model = quantized_block()
+    other = quantized_block(seed=25)
+    fuse_projections(model, example())
+    x = example(seed=26)
+    with torch.no_grad():
+        model.q(x)
+        model.load_state_dict(other.state_dict())
+        assert_layer_close(model.k(x), other.k, x)
+
+
 def test_state_dict_is_the_unfused_models_and_shares_no_memory():
     model = quantized_block(bias=True)
     want = {k: v.clone() for k, v in model.state_dict().items()}

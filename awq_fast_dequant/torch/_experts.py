@@ -186,8 +186,9 @@ def unfuse(module: nn.Module, names, *, meta: bool = False) -> UnfusedExperts:
                   nn.Linear(H, I, bias=False, device="meta", dtype=gate_up.dtype),
                   nn.Linear(I, H, bias=False, device="meta", dtype=down.dtype)]
         if not meta:
-            for layer, w in zip(layers, (gate_up[e, :I], gate_up[e, I:], down[e])):
-                layer.weight = nn.Parameter(w.detach(), requires_grad=gate_up.requires_grad)
+            for layer, w, source in zip(layers, (gate_up[e, :I], gate_up[e, I:], down[e]),
+                                        (gate_up, gate_up, down)):
+                layer.weight = nn.Parameter(w.detach(), requires_grad=source.requires_grad)
         expert = nn.Module()
         for name, layer in zip(names, layers):
             expert.add_module(name, layer)

@@ -322,6 +322,8 @@ class AWQLinear(nn.Module):
             error_msgs.append(f"{key} must be int32 (8 packed 4-bit values per word, or "
                               f"uint32 words); the state dict holds {t.dtype}")
             refused = True
+        if self._siblings is not None:
+            self._siblings.pending.clear()  # parts computed from the weights loaded over
         if not refused:
             super()._load_from_state_dict(state_dict if words is None else words, prefix,
                                           local_metadata, strict, missing_keys,

@@ -88,8 +88,20 @@ class Siblings:
                 return _alone(layer, x)  # traced, buffers swapped in for the trace
             self.dissolve()
             return layer.forward(x)
-        # split_with_sizes: Tensor.split's Python wrapper costs as much again
-        parts = self.fused.forward(x).split_with_sizes(self.sizes, -1)
+        if grad and self.learns():
+            # The group's buffers are not the member's: autograd must see its own.
+            return _alone(layer, x)
+        out = self.fused.forward(x)
+        if out.requires_grad:
+            # Views made one at a time, which autograd lets the caller change in place
+            # (as an activation function may); those of one split it does not.
+            parts, start = [], 0
+            for size in self.sizes:
+                parts.append(out.narrow(-1, start, size))
+                start += size
+        else:
+            # split_with_sizes: Tensor.split's Python wrapper costs as much again
+            parts = out.split_with_sizes(self.sizes, -1)
         for i, part in enumerate(parts):
             if i != index:
                 pending[i] = (x, version, grad, part)
@@ -106,6 +118,12 @@ class Siblings:
                     return False
         return True
 
+    def learns(self) -> bool:
+        """Whether a member's buffer requires grad (set after fusing: a trainable scale
+        or bias), which the group's concatenated copy does not."""
+        return any(view is not None and view.requires_grad
+                   for views in self.views for view in views)
+
     def dissolve(self) -> None:
         """Give every member buffers of its own again (copies of its views, or of
         what replaced them where that still shares the group's memory) and forget
@@ -118,7 +136,9 @@ class Siblings:
             for name in _BUFFERS:
                 t = m._buffers.get(name)
                 if t is not None and any(_shares(t, w) for w in whole):
-                    m._buffers[name] = t.clone(memory_format=torch.contiguous_format)
+                    with torch.no_grad():  # a buffer of its own, not a result of its view
+                        own = t.clone(memory_format=torch.contiguous_format)
+                    m._buffers[name] = own.requires_grad_(t.requires_grad)
             m._siblings = None
             m._sibling_index = None
         self.members, self.views, self.fused = [], [], None
@@ -268,8 +288,8 @@ def _compatible(run) -> bool:
             return False
         for name in _BUFFERS:
             t = m._buffers.get(name)
-            if name != "bias" and t is None:
-                return False  # scales made an nn.Parameter: left as it is
+            if t is None and (name != "bias" or m.bias is not None):
+                return False  # a buffer made an nn.Parameter: left as it is
             if t is not None and (t.is_meta or t.requires_grad or not t.is_contiguous()):
                 return False
     return True
@@ -280,6 +300,7 @@ def _fuse(members: list) -> None:
     N = sum(m.out_features for m in members)
     fused = AWQLinear(first.in_features, N, first.group_size, first.bias is not None,
                       dtype=first.scales.dtype, device="meta")
+    views = []  # every buffer made before any member's is replaced
     with torch.no_grad():
         for name in _BUFFERS:
             if first._buffers.get(name) is None:
@@ -289,8 +310,10 @@ def _fuse(members: list) -> None:
             start = 0
             for m in members:
                 width = m._buffers[name].shape[-1]
-                m._buffers[name] = whole.narrow(-1, start, width)
+                views.append((m, name, whole.narrow(-1, start, width)))
                 start += width
+    for m, name, view in views:
+        m._buffers[name] = view
     group = Siblings(members, fused)
     for i, m in enumerate(members):
         m._siblings, m._sibling_index = group, i
