@@ -321,7 +321,7 @@ def test_minilm_save_pretrained_and_load_pretrained(trained, quantized, tmp_path
     batch = trained[3]
     model, embeddings = quantized[128]
     model.save_pretrained(tmp_path)
-    loaded = load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, fuse=False)  # fused, each group is held to a tolerance
     assert isinstance(loaded, transformers.BertModel)
     assert count_awq_linear(loaded) == 37
     assert torch.equal(embed(loaded, batch), embeddings)

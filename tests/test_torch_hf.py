@@ -232,7 +232,9 @@ def test_load_pretrained_static_cache_generate(saved_llama):
 
 def test_load_pretrained_dtype(saved_llama):
     folder, model = saved_llama
-    loaded = load_pretrained(folder, dtype=torch.bfloat16)
+    # unfused where the bits of the model in memory are expected: a fused group's wider
+    # layer may tune to another path, and is held to linear()'s tolerance
+    loaded = load_pretrained(folder, dtype=torch.bfloat16, fuse=False)
     assert loaded.model.layers[0].mlp.up_proj.scales.dtype == torch.bfloat16
     assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
     assert loaded.model.layers[0].mlp.up_proj.qweight.dtype == torch.int32
@@ -320,7 +322,7 @@ def test_a_quant_config_json_checkpoint_saves_back_as_one_load_pretrained_reads(
     loaded.save_pretrained(tmp_path / "again")
     saved = json.loads((tmp_path / "again" / "config.json").read_text())
     assert saved["quantization_config"]["quant_method"] == "awq"
-    again = load_pretrained(tmp_path / "again")
+    again = load_pretrained(tmp_path / "again", fuse=False)
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
@@ -392,7 +394,9 @@ def test_unfused_experts_compute_what_the_fused_module_does(kind):
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, unfused)
         got = model(ids).logits
-    assert torch.equal(got, want)
+    # the same sums, each expert's gate and up apart where transformers multiplies them
+    # together (or all experts in one grouped matmul): BLAS may order them otherwise
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_unfused_experts_route_each_token_to_its_experts():
@@ -494,9 +498,9 @@ def test_experts_left_fused_by_skip_or_layout_are_reported(tmp_path):
     assert ("model.layers.0.mlp.experts", "matches skip pattern 'experts'") in skipped
     # written as per-expert dense tensors, read back into per-expert nn.Linear layers
     model.save_pretrained(tmp_path)
-    loaded = load_pretrained(tmp_path)
-    with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    loaded = load_pretrained(tmp_path, fuse=False)
+    with torch.no_grad():  # per expert, as test_unfused_experts_compute_what_the_fused_module_does
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
     class Transposed(nn.Module):  # gate_up_proj [E, H, 2I], down_proj [E, I, H]
         def __init__(self):
@@ -538,7 +542,7 @@ def test_gpt_neox_checkpoint_names_are_transformers_own(tmp_path, monkeypatch):
     model.save_pretrained(tmp_path)
     names = set(open_checkpoint(tmp_path).tensors)
     head = "embed_out.weight" if "embed_out.weight" in names else "lm_head.weight"
-    loaded = load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, fuse=False)
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
@@ -571,7 +575,7 @@ def test_falcon_linear_layers_are_quantized(tmp_path):
     assert quantize_model(model, 128) == [("lm_head", "matches skip pattern 'lm_head'")]
     assert sum(isinstance(m, AWQLinear) for m in model.modules()) == len(linears) - 1 == 8
     model.save_pretrained(tmp_path)
-    loaded = load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, fuse=False)
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
@@ -584,7 +588,7 @@ def test_tied_embeddings_stay_tied(tmp_path):
         "lm_head": "its weight is tied to model.embed_tokens.weight; quantizing it would "
                    "untie them"}
     model.save_pretrained(tmp_path)
-    loaded = load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, fuse=False)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     ids = prompt()
     with torch.no_grad():
@@ -602,7 +606,7 @@ def test_tied_config_with_a_different_lm_head_in_the_checkpoint_unties_them(save
     data["tie_word_embeddings"] = True
     (untied / "config.json").write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
-        loaded = load_pretrained(untied)
+        loaded = load_pretrained(untied, fuse=False)
     assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
@@ -631,7 +635,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
     model.save_pretrained(tmp_path, max_shard_size="300KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
-    loaded = load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, fuse=False)
     assert loaded.model.layers[0].self_attn.q_proj.group_size == 64
     ids = prompt()
     with torch.no_grad():
@@ -644,9 +648,9 @@ def test_base_model_checkpoint_into_a_model_with_a_head(tmp_path):
     model = small_llama(tie=True)
     quantize_model(model, 128)
     model.model.save_pretrained(tmp_path)
-    body_only = load_pretrained(tmp_path)
+    body_only = load_pretrained(tmp_path, fuse=False)
     assert isinstance(body_only, transformers.LlamaModel)
-    with_head = load_pretrained(tmp_path, model_class=transformers.LlamaForCausalLM)
+    with_head = load_pretrained(tmp_path, model_class=transformers.LlamaForCausalLM, fuse=False)
     assert with_head.lm_head.weight is with_head.model.embed_tokens.weight
     ids = prompt()
     with torch.no_grad():
@@ -659,7 +663,7 @@ def test_model_class_argument(saved_llama):
     auto = load_pretrained(folder, model_class=transformers.AutoModelForCausalLM)
     assert isinstance(auto, transformers.LlamaForCausalLM)
     # the body of a model with a head: names lose the 'model.' prefix, lm_head is not read
-    body = load_pretrained(folder, model_class=transformers.LlamaModel)
+    body = load_pretrained(folder, model_class=transformers.LlamaModel, fuse=False)
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(body(ids).last_hidden_state, model.model(ids).last_hidden_state)
@@ -678,7 +682,7 @@ def test_a_quantized_lm_head_is_left_out_of_the_base_model(tmp_path, caplog):
     for cls in (transformers.LlamaModel, transformers.AutoModel):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="awq_fast_dequant"):
-            body = load_pretrained(folder, model_class=cls)
+            body = load_pretrained(folder, model_class=cls, fuse=False)
         assert type(body) is transformers.LlamaModel
         assert ("3 checkpoint tensors have no place in LlamaModel and are not read: "
                 "lm_head.qweight, lm_head.qzeros, lm_head.scales") in caplog.text
