@@ -916,6 +916,26 @@ def test_awq_linear_converted_to_float64_says_which_conversion():
                         layer.qzeros, layer.scales, layer.bias)
 
 
+def test_awq_linear_type_conversion_keeps_the_packed_words():
+    layer = make_awq(dtype=torch.float32)
+    words = [t.clone() for t in (layer.qweight, layer.qzeros)]
+    model = nn.Sequential(layer).type(torch.float16)  # every tensor, integers included
+    assert layer.qweight.dtype == layer.qzeros.dtype == torch.int32
+    assert torch.equal(layer.qweight, words[0]) and torch.equal(layer.qzeros, words[1])
+    assert layer.scales.dtype == layer.bias.dtype == torch.float16
+    x = torch.randn(2, 256, dtype=torch.float16)
+    assert_linear_close(model(x), x, layer.qweight, layer.qzeros, layer.scales, layer.bias)
+
+
+def test_jit_trace_records_the_op_not_a_constant():
+    layer = make_awq(dtype=torch.float32)
+    traced = torch.jit.trace(layer, torch.randn(2, 256))
+    assert "awq_fast_dequant::linear" in str(traced.graph)
+    x = torch.randn(2, 256)  # not the traced input
+    with torch.no_grad():
+        assert torch.equal(traced(x), layer(x))
+
+
 # --- quantize_model -----------------------------------------------------------
 
 class Toy(nn.Module):

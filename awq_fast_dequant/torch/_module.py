@@ -33,6 +33,7 @@ _TENSOR = torch.Tensor
 _FWAD = _ops.FWAD
 _is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
 _OLD_DLPACK = _ops.OLD_DLPACK
+_get_tracing_state = _C._get_tracing_state
 
 
 def _without_memory(x: torch.Tensor, weights: tuple) -> bool:
@@ -156,10 +157,13 @@ class AWQLinear(nn.Module):
         # export, under a dispatch mode (FakeTensorMode, FlopCounterMode, ...), for a
         # tensor subclass, inside a forward-mode AD level (x or a buffer may carry a
         # tangent; forward_ad keeps the level in a module global, -1 outside any), and
-        # when autograd has to record it. is_compiling() comes first: torch.compile
-        # folds it to True and traces none of the rest.
+        # when autograd has to record it; and under torch.jit.trace, which records the
+        # ops the dispatcher sees (a call it does not see would be traced as a constant).
+        # is_compiling() comes first: torch.compile folds it to True and traces none of
+        # the rest.
         if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack()
                 or type(x) is not _TENSOR or _FWAD._current_level >= 0
+                or _get_tracing_state() is not None
                 or (torch.is_grad_enabled() and (
                     x.requires_grad or scales.requires_grad
                     or (bias is not None and bias.requires_grad)))):
@@ -340,7 +344,18 @@ class AWQLinear(nn.Module):
         super().register_buffer(name, tensor, persistent)
 
     def _apply(self, fn, recurse=True):
-        result = super()._apply(fn, recurse)
+        # The packed words are bits, not numbers: a conversion of every tensor
+        # (module.type(torch.float16)) would turn them into floats of their integer
+        # values. They keep int32 and go only where the conversion sends the tensor.
+        words = {id(self._buffers.get("qweight")), id(self._buffers.get("qzeros"))}
+
+        def keep_words(t):
+            converted = fn(t)
+            if id(t) in words and converted.dtype != t.dtype:
+                return t.to(converted.device)
+            return converted
+
+        result = super()._apply(keep_words, recurse)
         group = self._siblings
         if group is not None and not group.intact():
             group.dissolve()  # converted: the views are copies now, or some are
