@@ -304,6 +304,7 @@ BAD_OP_CALLS = [
     ("dequantize", 4, lambda d: torch.float64, TypeError),                 # out_dtype
     ("dequantize_out", 3, lambda out: out.t().contiguous(), ValueError),   # out's shape
     ("dequantize_out", 3, lambda out: out.int(), TypeError),               # out's dtype
+    ("dequantize_out", 3, lambda out: out.t().contiguous().t(), ValueError),  # out's strides
 ]
 
 
@@ -881,6 +882,17 @@ def test_from_tensors_rejects_bad_tensors_and_leaves_them_untouched():
         assert torch.equal(t, c)
 
 
+def test_from_tensors_holds_uint32_words_as_int32_views():
+    qweight, qzeros, scales, bias = layer_tensors(256, 64, 128)
+    words = qweight.view(torch.uint32), qzeros.view(torch.uint32)
+    layer = AWQLinear.from_tensors(*words, scales, bias)
+    assert layer.qweight.dtype == layer.qzeros.dtype == torch.int32
+    assert layer.qweight.data_ptr() == qweight.data_ptr()
+    assert layer.qzeros.data_ptr() == qzeros.data_ptr()
+    x = torch.randn(3, 256, dtype=torch.float16)
+    assert torch.equal(layer(x), AWQLinear.from_tensors(qweight, qzeros, scales, bias)(x))
+
+
 def test_awq_linear_constructor_errors():
     with pytest.raises(ValueError, match="out_features must be a multiple of 8"):
         AWQLinear(256, 60)
@@ -1049,6 +1061,16 @@ def test_quantize_model_errors():
         quantize_model(nn.Sequential(nn.Linear(128, 64)), act_order=True)
     with pytest.raises(TypeError, match="act_order must be True, False or None"):
         quantize_model(nn.Sequential(nn.Linear(128, 64)), act_order="yes")
+    model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 64)).double()
+    weights = [p.clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match=r"^0 has a torch.float64 weight.*model.float\(\)"):
+        quantize_model(model, group_size=64)
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    # a float64 layer left dense by skip is no obstacle
+    model = nn.Sequential(nn.Linear(128, 64), nn.Linear(64, 64).double())
+    assert quantize_model(model, 64, skip="1") == [("1", "matches skip pattern '1'")]
+    assert isinstance(model[0], AWQLinear) and type(model[1]) is nn.Linear
 
 
 def test_quantize_model_skips_a_shared_module_if_any_of_its_names_matches():

@@ -232,15 +232,21 @@ class AWQLinear(nn.Module):
     def from_tensors(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                      bias: torch.Tensor | None = None) -> "AWQLinear":
         """An AWQLinear holding these tensors (not copies) as its buffers, which
-        must be contiguous. G is in_features / scales.shape[0]."""
+        must be contiguous; uint32 words are held as int32 views of the same
+        memory. G is in_features / scales.shape[0]."""
         for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
         if bias is not None and not isinstance(bias, torch.Tensor):
             raise TypeError(f"bias must be a torch.Tensor or None; got {type(bias).__name__}")
+        if qweight.dtype == torch.uint32:  # the same bits, as some checkpoints store them
+            qweight = qweight.view(torch.int32)
+        if qzeros.dtype == torch.uint32:
+            qzeros = qzeros.view(torch.int32)
         for name, t in (("qweight", qweight), ("qzeros", qzeros)):
             if t.dtype != torch.int32:
-                raise TypeError(f"{name} must be int32 (packed 4-bit words); got {t.dtype}")
+                raise TypeError(f"{name} must be int32 or uint32 (packed 4-bit words); got "
+                                f"{t.dtype}")
         _scale_dtype(scales.dtype, "scales.dtype")
         for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
             if t.dim() != 2:
@@ -493,7 +499,9 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     Also left dense: subclasses of nn.Linear (their forward may differ),
     layers whose weight is tied to another module's, layers on the meta
     device, and fused experts that skip matches or in a layout UnfusedExperts
-    does not take. Returns the skipped layers as a list of (name, reason), which is
+    does not take. A layer to quantize with a float64 weight is refused
+    (TypeError) before anything changes: convert the model to float32, float16 or
+    bfloat16 first. Returns the skipped layers as a list of (name, reason), which is
     also logged (logger "awq_fast_dequant"). A Hugging Face model's
     ``config.quantization_config`` is set to describe the result, so that the
     model's own ``save_pretrained`` writes an AWQ checkpoint that
@@ -587,6 +595,16 @@ def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_orde
             chosen[id(module)] = None
         else:
             chosen[id(module)] = module
+
+    for name, module in linears:
+        dtype = module.weight.dtype
+        if chosen[id(module)] is not None and dtype not in _SCALE_DTYPES:
+            # from_linear would give float16 scales, which the model's own float64
+            # activations could not feed.
+            raise TypeError(
+                f"{name} has a {dtype} weight; AWQ layers run float16, bfloat16 or float32, "
+                f"and the rest of the model would feed them {dtype} inputs: convert the model "
+                f"first (model.float(), model.half() or model.bfloat16())")
 
     hessians: dict = {}
     if calibration is not None:

@@ -165,6 +165,9 @@ def _check_dequantize(qweight, qzeros, scales, group_size, out_dtype, out=None) 
     if out is not None and tuple(out.shape) != (qweight.shape[0], scales.shape[1]):
         raise ValueError(f"out must have shape ({qweight.shape[0]}, {scales.shape[1]}), got "
                          f"({out.shape[0]}, {out.shape[1]})")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("out is not C-contiguous; pass out.contiguous() (torch/CuPy) or "
+                         "numpy.ascontiguousarray(out)")
 
 
 def _check_linear(x, qweight, qzeros, scales, bias, group_size) -> None:
