@@ -205,6 +205,8 @@ def linear_reference(x, qw, qz, sc, bias, group_size=None):
     # float32 scales hold every float16 / bfloat16 scale exactly: the same products
     W = awq.reference.dequantize(qwn, qzn, scn.astype(np.float32), group_size=group_size,
                                  out_dtype=out_dtype)
+    if out_dtype == "bfloat16" and W.dtype == np.uint16:  # bit patterns: no ml_dtypes
+        W = (W.astype(np.uint32) << 16).view(np.float32)
     W = as_float64(W)
     K = W.shape[0]
     x2 = xs.reshape(-1, K)
