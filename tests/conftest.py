@@ -12,6 +12,7 @@ import pytest
 
 import awq_fast_dequant as awq
 from awq_fast_dequant._frameworks import numpy_dtype
+from awq_fast_dequant.bench.linear_check import numpy_float64
 
 from awq_fast_dequant.reference import DTYPES  # noqa: E402  (the package's list)
 
@@ -205,9 +206,7 @@ def linear_reference(x, qw, qz, sc, bias, group_size=None):
     # float32 scales hold every float16 / bfloat16 scale exactly: the same products
     W = awq.reference.dequantize(qwn, qzn, scn.astype(np.float32), group_size=group_size,
                                  out_dtype=out_dtype)
-    if out_dtype == "bfloat16" and W.dtype == np.uint16:  # bit patterns: no ml_dtypes
-        W = (W.astype(np.uint32) << 16).view(np.float32)
-    W = as_float64(W)
+    W = numpy_float64(W)  # bfloat16 as ml_dtypes' or, without it, as uint16 bits
     K = W.shape[0]
     x2 = xs.reshape(-1, K)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -593,18 +593,16 @@ def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_orde
         if skip_entry is not None:
             skipped.append(skip_entry)
             chosen[id(module)] = None
-        else:
-            chosen[id(module)] = module
-
-    for name, module in linears:
-        dtype = module.weight.dtype
-        if chosen[id(module)] is not None and dtype not in _SCALE_DTYPES:
+        elif module.weight.dtype not in _SCALE_DTYPES:
             # from_linear would give float16 scales, which the model's own float64
-            # activations could not feed.
+            # activations could not feed. Nothing has changed yet.
+            dtype = module.weight.dtype
             raise TypeError(
                 f"{name} has a {dtype} weight; AWQ layers run float16, bfloat16 or float32, "
                 f"and the rest of the model would feed them {dtype} inputs: convert the model "
                 f"first (model.float(), model.half() or model.bfloat16())")
+        else:
+            chosen[id(module)] = module
 
     hessians: dict = {}
     if calibration is not None:
