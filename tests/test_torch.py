@@ -564,6 +564,8 @@ def test_awq_linear_goes_through_the_op_where_torch_must_see_it():
             meta(torch.randn(4, 256, dtype=torch.bfloat16))
         batched = torch.func.vmap(layer)(torch.stack([x, 2 * x]))  # x as torch.func wraps it
         assert torch.equal(batched[0], want) and torch.equal(batched[1], layer(2 * x))
+        # a lazy negation (the negative bit set), which the dispatcher resolves
+        assert torch.equal(layer(torch._neg_view(x)), layer(-x))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
@@ -580,8 +582,14 @@ def test_awq_linear_under_autocast_computes_in_its_own_dtype(device):
                 assert torch.equal(OPS.linear(x, layer.qweight, layer.qzeros, layer.scales,
                                               layer.bias.float(), 128), want)
                 assert torch.equal(torch.compile(layer, fullgraph=True)(x), want)
+        wide = make_awq(dtype=torch.bfloat16, device=device)
+        wide.bias = layer.bias.float()  # a bias of another dtype is cast too
+        with torch.autocast(device, dtype=torch.bfloat16):
+            assert torch.equal(wide(x.bfloat16()), want)
         with pytest.raises(TypeError, match="dtype"):  # without autocast x must match
             layer(x)
+        with pytest.raises(TypeError, match="bias must have"):  # and so must the bias
+            wide(x.bfloat16())
     xs = x.clone().requires_grad_()
     with torch.autocast(device, dtype=torch.bfloat16):
         y = layer(xs)

@@ -183,11 +183,13 @@ class AWQLinear(nn.Module):
             self._check_scales_dtype()
             weights = (b["qweight"], b["qzeros"], scales, bias)
             if not (_without_memory(x, weights)
-                    or (x.dtype != scales.dtype and torch.is_autocast_enabled(x.device.type))):
+                    or (torch.is_autocast_enabled(x.device.type) and (
+                        x.dtype != scales.dtype
+                        or (bias is not None and bias.dtype != scales.dtype)))):
                 raise
         except ValueError:
             weights = (b["qweight"], b["qzeros"], scales, bias)
-            if all(t is None or t.is_contiguous() for t in weights):
+            if all(t is None or t.is_contiguous() for t in weights) and not x.is_neg():
                 raise
         except RuntimeError:
             weights = (b["qweight"], b["qzeros"], scales, bias)
@@ -195,10 +197,12 @@ class AWQLinear(nn.Module):
                 raise  # not Tensor.__dlpack__ refusing a tensor that torch.func wraps
         # x without memory of its own: on the meta device (the op's fake kernel gives the
         # output, as nn.Linear does) or wrapped by torch.func (vmap, grad), or buffers that
-        # torch.func wraps (vmap over stacked weights through functional_call); x of
-        # another dtype under torch.autocast, which the op casts to the scales' dtype; or
-        # a weight that is not contiguous (put in by load_state_dict(assign=True), by
-        # assignment or by functional_call), which the op makes contiguous
+        # torch.func wraps (vmap over stacked weights through functional_call); x or a
+        # bias of another dtype under torch.autocast, which the op casts to the scales'
+        # dtype; x with its negative bit set (a lazy negation), which the dispatcher
+        # resolves; or a weight that is not contiguous (put in by
+        # load_state_dict(assign=True), by assignment or by functional_call), which the op
+        # makes contiguous
         return _ops.linear(x, *weights, self.group_size)
 
     @classmethod
