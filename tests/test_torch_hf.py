@@ -1036,7 +1036,42 @@ def test_parameters_on_meta_only_in_its_thread():
     assert bn.running_mean.device.type == "cpu"  # buffers are built for real
     assert seen["other"] == "cpu"
     assert nn.Linear(8, 8).weight.device.type == "cpu"
-    assert nn.Module.register_parameter is _hf._original_register_parameter
+    assert nn.Module.register_parameter is torch_register_parameter
+
+
+torch_register_parameter = nn.Module.register_parameter
+
+
+def test_parameters_on_meta_keeps_another_librarys_patch():
+    """A patch of register_parameter in place before (as accelerate's init_empty_weights
+    makes one) is called inside and put back after; one made inside, over this one, is
+    undone by its own code and this one's by this one's."""
+    calls = []
+
+    def patch_over(previous):
+        def patched(module, name, param):
+            calls.append(name)
+            previous(module, name, param)
+        return patched
+
+    before = patch_over(torch_register_parameter)
+    nn.Module.register_parameter = before
+    try:
+        with parameters_on_meta():
+            layer = nn.Linear(8, 8)
+        assert calls == ["weight", "bias"] and layer.weight.is_meta and layer.bias.is_meta
+        assert nn.Module.register_parameter is before
+    finally:
+        nn.Module.register_parameter = torch_register_parameter
+    with parameters_on_meta():
+        ours = nn.Module.register_parameter
+        nn.Module.register_parameter = patch_over(ours)
+        try:
+            layer = nn.Linear(4, 8)
+        finally:
+            nn.Module.register_parameter = ours
+    assert calls[2:] == ["weight", "bias"] and layer.weight.is_meta
+    assert nn.Module.register_parameter is torch_register_parameter
 
 
 # --- on the GPU -----------------------------------------------------------------

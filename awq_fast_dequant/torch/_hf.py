@@ -79,11 +79,14 @@ def _require(name: str):
 _meta_state = threading.local()
 _patch_lock = threading.Lock()
 _patch_users = 0
-_original_register_parameter = nn.Module.register_parameter
+# What parameters_on_meta replaced when it was entered: torch's own function, or
+# another library's patch of it (accelerate's init_empty_weights, say), which
+# keeps working inside.
+_wrapped_register_parameter = nn.Module.register_parameter
 
 
 def _register_parameter(self, name, param):
-    _original_register_parameter(self, name, param)
+    _wrapped_register_parameter(self, name, param)
     if param is not None and getattr(_meta_state, "active", False) and not param.is_meta:
         # Creation ran on the CPU (torch.empty: no page touched); the model keeps only the meta twin.
         self._parameters[name] = nn.Parameter(param.detach().to("meta"),
@@ -95,9 +98,10 @@ def parameters_on_meta():
     """Inside, in this thread, every nn.Parameter a module registers is moved to
     the meta device, so that building a model allocates no weights; buffers
     stay where the model's code puts them."""
-    global _patch_users
+    global _patch_users, _wrapped_register_parameter
     with _patch_lock:
-        if _patch_users == 0:
+        if _patch_users == 0 and nn.Module.register_parameter is not _register_parameter:
+            _wrapped_register_parameter = nn.Module.register_parameter
             nn.Module.register_parameter = _register_parameter
         _patch_users += 1
     previous = getattr(_meta_state, "active", False)
@@ -108,8 +112,9 @@ def parameters_on_meta():
         _meta_state.active = previous
         with _patch_lock:
             _patch_users -= 1
-            if _patch_users == 0:
-                nn.Module.register_parameter = _original_register_parameter
+            # a patch installed after this one and still in place is left alone
+            if _patch_users == 0 and nn.Module.register_parameter is _register_parameter:
+                nn.Module.register_parameter = _wrapped_register_parameter
 
 
 # --- arguments ----------------------------------------------------------------
