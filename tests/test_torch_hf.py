@@ -1074,6 +1074,21 @@ def test_parameters_on_meta_keeps_another_librarys_patch():
     assert nn.Module.register_parameter is torch_register_parameter
 
 
+def test_buffers_shared_between_modules_move_to_the_device_as_one_tensor():
+    """load_pretrained moves the buffers the model built to the device: a tensor that
+    two modules hold (a shared rotary table, say) stays one tensor there."""
+    table = torch.arange(6.0)
+    first, second, own = nn.Module(), nn.Module(), nn.Module()
+    first.register_buffer("table", table)
+    second.register_buffer("table", table)
+    own.register_buffer("table", torch.ones(2))
+    model = nn.Sequential(first, second, own)
+    _hf._buffers_to(model, torch.device("meta"))
+    assert first.table.is_meta and first.table is second.table
+    assert own.table.is_meta and own.table.shape == (2,)
+    assert table.device.type == "cpu"  # the caller's tensor is not changed
+
+
 # --- on the GPU -----------------------------------------------------------------
 
 @cuda

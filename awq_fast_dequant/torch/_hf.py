@@ -597,11 +597,19 @@ def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
             for name in names:
                 module, attr, _ = slots[name]
                 (module._parameters if is_parameter else module._buffers)[attr] = t
-    # What the model built itself (its buffers) joins the weights on the device.
+    _buffers_to(model, device)
+
+
+def _buffers_to(model, device) -> None:
+    """What the model built itself (its buffers) joins the weights on the device; a
+    tensor that several modules hold is moved once, and stays one tensor."""
+    moved: dict = {}  # id -> (the tensor, its copy on the device)
     for module in model.modules():
         for attr, b in module._buffers.items():
             if b is not None and b.device != device:
-                module._buffers[attr] = b.to(device)
+                if id(b) not in moved:
+                    moved[id(b)] = b, b.to(device)
+                module._buffers[attr] = moved[id(b)][1]
 
 
 # --- a checkpoint on the Hugging Face Hub ---------------------------------------------
