@@ -189,10 +189,11 @@ def linear_problem(rng, M, K, N, G, dtype="float16", bias=True, specials=False, 
 
 
 def as_float64(a):
-    """A NumPy or torch array (any device, bfloat16 too) as float64 NumPy."""
+    """A NumPy or torch array (any device, bfloat16 too: ml_dtypes' or, without it, as
+    uint16 bits) as float64 NumPy."""
     if hasattr(a, "detach"):
         return a.detach().float().cpu().numpy().astype(np.float64)
-    return np.asarray(a).astype(np.float32).astype(np.float64)
+    return numpy_float64(np.asarray(a))
 
 
 def linear_reference(x, qw, qz, sc, bias, group_size=None):
@@ -206,7 +207,7 @@ def linear_reference(x, qw, qz, sc, bias, group_size=None):
     # float32 scales hold every float16 / bfloat16 scale exactly: the same products
     W = awq.reference.dequantize(qwn, qzn, scn.astype(np.float32), group_size=group_size,
                                  out_dtype=out_dtype)
-    W = numpy_float64(W)  # bfloat16 as ml_dtypes' or, without it, as uint16 bits
+    W = as_float64(W)
     K = W.shape[0]
     x2 = xs.reshape(-1, K)
     with np.errstate(invalid="ignore", over="ignore"):

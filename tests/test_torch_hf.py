@@ -1020,6 +1020,10 @@ def test_transformers_4_is_refused_with_the_version_it_needs(saved_llama, monkey
         load_pretrained(saved_llama[0])
 
 
+# torch's own, put back by parameters_on_meta on its way out
+torch_register_parameter = nn.Module.register_parameter
+
+
 def test_parameters_on_meta_only_in_its_thread():
     seen = {}
 
@@ -1037,9 +1041,6 @@ def test_parameters_on_meta_only_in_its_thread():
     assert seen["other"] == "cpu"
     assert nn.Linear(8, 8).weight.device.type == "cpu"
     assert nn.Module.register_parameter is torch_register_parameter
-
-
-torch_register_parameter = nn.Module.register_parameter
 
 
 def test_parameters_on_meta_keeps_another_librarys_patch():

@@ -56,7 +56,7 @@ from awq_fast_dequant.checkpoint import (
 )
 
 from . import _experts
-from ._module import AWQLinear, _scale_dtype
+from ._module import AWQLinear, _int32_words, _scale_dtype
 from ._siblings import fuse_projections
 
 __all__ = ["load_pretrained"]
@@ -580,9 +580,8 @@ def _load(model, checkpoint, plan, slots, dtype, device, progress) -> None:
             t = reader.get(source)
             bar.step(info[source].nbytes)
             module, attr, is_parameter = slots[names[0]]
-            if t.dtype == torch.uint32:
-                t = t.view(torch.int32)  # AWQ words: the same bits, in AWQLinear's dtype
-            elif t.is_floating_point():
+            t = _int32_words(t)  # AWQ words stored as uint32: the same bits
+            if t.is_floating_point():
                 # The dtype the model built the tensor in (dtype but where its code chose
                 # another), or float32 where transformers keeps it so; AWQ layers keep
                 # their scales in dtype.

@@ -36,6 +36,12 @@ _OLD_DLPACK = _ops.OLD_DLPACK
 _get_tracing_state = _C._get_tracing_state
 
 
+def _int32_words(t: torch.Tensor) -> torch.Tensor:
+    """Packed words stored as uint32 (as some checkpoints hold them) as int32 views of
+    the same bits, AWQLinear's dtype; any other tensor as it is."""
+    return t.view(torch.int32) if t.dtype == torch.uint32 else t
+
+
 def _without_memory(x: torch.Tensor, weights: tuple) -> bool:
     """x on the meta device, or x or a weight wrapped by torch.func."""
     return (x.is_meta or _is_functorch_wrapped(x)
@@ -243,10 +249,7 @@ class AWQLinear(nn.Module):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
         if bias is not None and not isinstance(bias, torch.Tensor):
             raise TypeError(f"bias must be a torch.Tensor or None; got {type(bias).__name__}")
-        if qweight.dtype == torch.uint32:  # the same bits, as some checkpoints store them
-            qweight = qweight.view(torch.int32)
-        if qzeros.dtype == torch.uint32:
-            qzeros = qzeros.view(torch.int32)
+        qweight, qzeros = _int32_words(qweight), _int32_words(qzeros)
         for name, t in (("qweight", qweight), ("qzeros", qzeros)):
             if t.dtype != torch.int32:
                 raise TypeError(f"{name} must be int32 or uint32 (packed 4-bit words); got "
@@ -331,7 +334,7 @@ class AWQLinear(nn.Module):
                 continue
             if t.dtype == torch.uint32:
                 words = dict(state_dict) if words is None else words
-                words[key] = t.view(torch.int32)
+                words[key] = _int32_words(t)
                 continue
             error_msgs.append(f"{key} must be int32 (8 packed 4-bit values per word, or "
                               f"uint32 words); the state dict holds {t.dtype}")
