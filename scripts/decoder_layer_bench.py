@@ -116,16 +116,28 @@ def build_layers(dims, group, dtype, device, seed):
     return dense, quantized, fused, rotary
 
 
+def replace_awq_linears(model, make):
+    """Every AWQLinear of model replaced, in place, by make(layer, its name); the
+    replacements, in the model's order."""
+    made = []
+    for name, m in list(model.named_modules()):
+        if isinstance(m, AWQLinear):
+            made.append(make(m, name))
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, made[-1])
+    return made
+
+
 def dense_of(quantized):
     """quantized with each AWQLinear replaced by an nn.Linear of its dequantized weight."""
+    def dense(m, _):
+        lin = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None,
+                              dtype=m.scales.dtype, device=m.scales.device)
+        lin.weight.data = m.dequantized_weight()
+        return lin
+
     twin = copy.deepcopy(quantized)
-    for name, m in list(twin.named_modules()):
-        if isinstance(m, AWQLinear):
-            lin = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None,
-                                  dtype=m.scales.dtype, device=m.scales.device)
-            lin.weight.data = m.dequantized_weight()
-            parent, _, child = name.rpartition(".")
-            setattr(twin.get_submodule(parent), child, lin)
+    replace_awq_linears(twin, dense)
     return twin
 
 
@@ -166,10 +178,7 @@ def read_only_of(quantized):
     kernel = cupy.RawKernel(read_floor.READ_SRC, "read_only")
     sink = cupy.zeros(1, dtype=cupy.uint32)
     twin = copy.deepcopy(quantized)
-    for name, m in list(twin.named_modules()):
-        if isinstance(m, AWQLinear):
-            parent, _, child = name.rpartition(".")
-            setattr(twin.get_submodule(parent), child, ReadOnlyLinear(m, kernel, sink))
+    replace_awq_linears(twin, lambda m, _: ReadOnlyLinear(m, kernel, sink))
     return twin
 
 

@@ -83,20 +83,19 @@ class Schedule:
 
     def __init__(self, layer, ahead=(), priority=0, predequantized=False):
         self.side = torch.cuda.Stream(priority=priority)
-        self.linears = []
         found = {n.rpartition(".")[2] for n, m in layer.named_modules() if isinstance(m, AWQLinear)}
         if set(ahead) - found:
             raise SystemExit(f"no AWQLinear named {sorted(set(ahead) - found)} in the layer")
-        for name, m in list(layer.named_modules()):
-            if isinstance(m, AWQLinear):
-                b = BufferedLinear(m)
-                b.ahead = name.rpartition(".")[2] in ahead
-                parent, _, child = name.rpartition(".")
-                setattr(layer.get_submodule(parent), child, b)
-                self.linears.append(b)
-                if predequantized:
-                    b.dequantize()
-                    b.written = True
+
+        def buffered(m, name):
+            b = BufferedLinear(m)
+            b.ahead = name.rpartition(".")[2] in ahead
+            if predequantized:
+                b.dequantize()
+                b.written = True
+            return b
+
+        self.linears = layer_bench.replace_awq_linears(layer, buffered)
         if any(b.ahead for b in self.linears):
             layer.register_forward_pre_hook(self.start)
             layer.register_forward_hook(self.join)
