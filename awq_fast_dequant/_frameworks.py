@@ -91,19 +91,34 @@ def _cupy_stream_scope(cupy, stream, device):
     return cupy.cuda.ExternalStream(stream, device)
 
 
+def _torch_view(torch, a):
+    """a, an array of any framework on x's device (frameworks may be mixed), as a
+    torch tensor on the same memory (a read-only NumPy array: on a copy)."""
+    if a is None or isinstance(a, torch.Tensor):
+        return a
+    if _module_of(a) != "numpy":
+        return torch.from_dlpack(a)
+    if not a.flags.writeable:
+        a = a.copy()
+    if a.dtype.name == "bfloat16":  # ml_dtypes': neither DLPack nor torch knows it
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def matmul(x, w, bias, y, stream):
     """y[...] = x @ w + bias in the framework of x (w: [K, N] of x's dtype and
     device, y: [..., N], bias: [N] or None).  The sum is the framework's own;
     for NumPy and CuPy half types it runs in float32 with one rounding."""
     mod = _module_of(x)
-    K, N = w.shape
+    K, N = x.shape[-1], w.shape[1]
     M = 1
     for d in x.shape[:-1]:
         M *= int(d)
     if mod == "torch":
         import torch
 
-        x2, y2 = x.reshape(M, K), y.view(M, N)
+        x2, y2 = x.reshape(M, K), _torch_view(torch, y).view(M, N)
+        bias = _torch_view(torch, bias)
         with _torch_stream_scope(torch, x, stream):
             if bias is None:
                 torch.mm(x2, w, out=y2)
@@ -119,12 +134,17 @@ def matmul(x, w, bias, y, stream):
                 acc += bias.astype(cupy.float32)
             y.reshape(M, N)[...] = acc.astype(y.dtype)
         return None
-    x2 = np.asarray(x).reshape(M, K)
+    x2, y2, w = np.asarray(x).reshape(M, K), np.asarray(y).reshape(M, N), np.asarray(w)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf weights are data here
-        acc = np.matmul(x2.astype(np.float32), np.asarray(w).astype(np.float32))
+        if y2.dtype == np.float32:  # no copies
+            np.matmul(x2, w, out=y2)
+            if bias is not None:
+                y2 += np.asarray(bias)
+            return None
+        acc = np.matmul(x2.astype(np.float32), w.astype(np.float32))
         if bias is not None:
             acc += np.asarray(bias).astype(np.float32)
-        np.asarray(y).reshape(M, N)[...] = acc.astype(np.asarray(y).dtype)
+        y2[...] = acc.astype(y2.dtype)
     return None
 
 

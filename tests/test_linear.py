@@ -119,6 +119,23 @@ def test_fused_is_deterministic(rng, dtype):
                                       bits(first))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant_path_takes_numpy_out_and_bias_with_torch_x(rng, dtype):
+    # frameworks may be mixed on one device, on every path
+    torch = pytest.importorskip("torch")
+    x, qw, qz, sc, b = linear_problem(rng, 3, 256, 64, 128, dtype)
+    tx, tsc = (torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+               if dtype == "bfloat16" else torch.from_numpy(a) for a in (x, sc))
+    b.flags.writeable = False
+    for path in PATHS:
+        out = np.full((3, 64), 7, x.dtype)
+        assert awq.linear(tx, qw, qz, tsc, b, out=out, path=path) is out
+        assert_linear_close(out, x, qw, qz, sc, b)
+        y = awq.linear(tx, qw, qz, tsc, b, path=path)
+        assert isinstance(y, torch.Tensor)
+        assert_linear_close(y, x, qw, qz, sc, b)
+
+
 def test_out_is_written_and_returned(rng):
     x, qw, qz, sc, b = linear_problem(rng, 2, 64, 16, 32, "float16", lead=(2, 2))
     out = np.full((2, 2, 16), 7, np.float16)
