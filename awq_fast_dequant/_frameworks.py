@@ -105,22 +105,31 @@ def _torch_view(torch, a):
     return torch.from_numpy(a)
 
 
-def matmul(x, w, bias, y, stream):
+def matmul(x, w, bias, y, stream, k0=0, rows=None):
     """y[...] = x @ w + bias in the framework of x (w: [K, N] of x's dtype and
     device, y: [..., N], bias: [N] or None).  The sum is the framework's own;
-    for NumPy and CuPy half types it runs in float32 with one rounding."""
+    for NumPy and CuPy half types it runs in float32 with one rounding.
+
+    With rows, w[:rows] holds rows [k0, k0 + rows) of W (a slab: float32
+    torch tensors on the host): y = x[..., k0:k0 + rows] @ w[:rows] + bias for the first slab
+    (k0 = 0), y += x[..., k0:k0 + rows] @ w[:rows] for each next one."""
     mod = _module_of(x)
     K, N = x.shape[-1], w.shape[1]
     M = 1
     for d in x.shape[:-1]:
         M *= int(d)
+    first = k0 == 0
     if mod == "torch":
         import torch
 
         x2, y2 = x.reshape(M, K), _torch_view(torch, y).view(M, N)
         bias = _torch_view(torch, bias)
+        if rows is not None:
+            x2, w = x2[:, k0:k0 + rows], w[:rows]
         with _torch_stream_scope(torch, x, stream):
-            if bias is None:
+            if not first:
+                y2.addmm_(x2, w)
+            elif bias is None:
                 torch.mm(x2, w, out=y2)
             else:
                 torch.addmm(bias, x2, w, out=y2)
@@ -135,8 +144,13 @@ def matmul(x, w, bias, y, stream):
             y.reshape(M, N)[...] = acc.astype(y.dtype)
         return None
     x2, y2, w = np.asarray(x).reshape(M, K), np.asarray(y).reshape(M, N), np.asarray(w)
+    if rows is not None:
+        x2, w = x2[:, k0:k0 + rows], w[:rows]
     with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf weights are data here
-        if y2.dtype == np.float32:  # no copies
+        if y2.dtype == np.float32:  # no copies: BLAS takes x2's row stride
+            if not first:
+                y2 += np.matmul(x2, w)
+                return None
             np.matmul(x2, w, out=y2)
             if bias is not None:
                 y2 += np.asarray(bias)

@@ -119,16 +119,93 @@ def test_fused_is_deterministic(rng, dtype):
                                       bits(first))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_dequant_path_takes_numpy_out_and_bias_with_torch_x(rng, dtype):
+# The host's dequantize path takes float32 W of torch tensors in slabs of whole groups of at
+# most 16 MiB: at N = 2048 and G = 128, 2048 rows; K = 2688 makes a whole slab and a shorter
+# one.
+SLAB_K, SLAB_N, SLAB_G, SLAB_ROWS = 2688, 2048, 128, 2048
+
+
+@pytest.fixture
+def matmul_calls(monkeypatch):
+    """The arguments after (x, w, bias, y, stream) of every call linear makes to the
+    framework's matmul, which it still runs."""
+    from awq_fast_dequant import _frameworks
+
+    calls = []
+
+    def spy(x, w, bias, y, stream, *slab):
+        calls.append((tuple(w.shape), slab))
+        return _frameworks.matmul(x, w, bias, y, stream, *slab)
+
+    _C._set_hooks(_frameworks.allocate, _frameworks.current_stream, spy,
+                  _frameworks.time_matmul)
+    yield calls
+    _C._set_hooks(_frameworks.allocate, _frameworks.current_stream, _frameworks.matmul,
+                  _frameworks.time_matmul)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("lead", [(3,), (2, 2)])
+def test_cpu_dequant_path_sums_float32_torch_in_slabs(rng, matmul_calls, bias, lead):
+    torch = pytest.importorskip("torch")
+    x, qw, qz, sc, b = (None if a is None else torch.from_numpy(a) for a in linear_problem(
+        rng, 0, SLAB_K, SLAB_N, SLAB_G, "float32", bias=bias, lead=lead))
+    y = awq.linear(x, qw, qz, sc, b, path="dequant")
+    assert matmul_calls == [((SLAB_ROWS, SLAB_N), (0, SLAB_ROWS)),
+                            ((SLAB_ROWS, SLAB_N), (SLAB_ROWS, SLAB_K - SLAB_ROWS))]
+    assert isinstance(y, torch.Tensor) and y.shape == lead + (SLAB_N,)
+    assert_linear_close(y, x, qw, qz, sc, b)
+    np.testing.assert_array_equal(bits(awq.linear(x, qw, qz, sc, b, path="dequant")), bits(y))
+    out = torch.full(lead + (SLAB_N,), 7.0)
+    assert awq.linear(x, qw, qz, sc, b, out=out, path="dequant") is out
+    np.testing.assert_array_equal(bits(out), bits(y))
+
+
+def test_cpu_dequant_path_numpy_slabs_add_up(rng):
+    # NumPy arrays take W whole (below); the hook's NumPy form of the slabs, which other
+    # frameworks' host arrays would reach, sums them as torch does
+    from awq_fast_dequant import _frameworks
+
+    for bias in (True, False):
+        x, qw, qz, sc, b = linear_problem(rng, 0, SLAB_K, SLAB_N, SLAB_G, "float32", bias=bias,
+                                          lead=(2, 3))
+        w = awq.dequantize(qw, qz, sc)
+        y = np.full((2, 3, SLAB_N), 7, np.float32)
+        for k0 in range(0, SLAB_K, SLAB_ROWS):
+            rows = min(SLAB_ROWS, SLAB_K - k0)
+            slab = np.zeros((SLAB_ROWS, SLAB_N), np.float32)
+            slab[:rows] = w[k0:k0 + rows]
+            _frameworks.matmul(x, slab, b, y, None, k0, rows)
+        assert_linear_close(y, x, qw, qz, sc, b)
+
+
+@pytest.mark.parametrize("case", ["float16", "bfloat16", "numpy", "small"])
+def test_cpu_dequant_path_takes_w_whole(rng, matmul_calls, case):
+    # float16 / bfloat16: one rounding of the sum to the dtype, no partial sums held in y
+    # between slabs; NumPy arrays; and a W of 16 MiB or less
+    K = SLAB_ROWS if case == "small" else SLAB_K
+    args = linear_problem(rng, 3, K, SLAB_N, SLAB_G, "float32")
+    if case != "numpy":
+        torch = pytest.importorskip("torch")
+        dtype = getattr(torch, case if case in ("float16", "bfloat16") else "float32")
+        args = tuple(torch.from_numpy(a) if a.dtype == np.int32 else torch.from_numpy(a).to(dtype)
+                     for a in args)
+    y = awq.linear(*args, path="dequant")
+    assert matmul_calls == [((K, SLAB_N), ())]
+    assert_linear_close(y, *args)
+
+
+@pytest.mark.parametrize("dtype, K", [("float32", SLAB_K), ("float16", 256),
+                                      ("bfloat16", 256)])
+def test_dequant_path_takes_numpy_out_and_bias_with_torch_x(rng, dtype, K):
     # frameworks may be mixed on one device, on every path
     torch = pytest.importorskip("torch")
-    x, qw, qz, sc, b = linear_problem(rng, 3, 256, 64, 128, dtype)
+    x, qw, qz, sc, b = linear_problem(rng, 3, K, SLAB_N, SLAB_G, dtype)
     tx, tsc = (torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
                if dtype == "bfloat16" else torch.from_numpy(a) for a in (x, sc))
     b.flags.writeable = False
     for path in PATHS:
-        out = np.full((3, 64), 7, x.dtype)
+        out = np.full((3, SLAB_N), 7, x.dtype)
         assert awq.linear(tx, qw, qz, tsc, b, out=out, path=path) is out
         assert_linear_close(out, x, qw, qz, sc, b)
         y = awq.linear(tx, qw, qz, tsc, b, path=path)

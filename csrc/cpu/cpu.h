@@ -127,6 +127,9 @@ typedef struct {
  * CLOCK_MONOTONIC, best of a few runs.  *detail is set to 0. */
 awq_status awq_cpu_time(const awq_config *c, float *us, int *detail, void *ctx);
 
+/* CLOCK_MONOTONIC in microseconds: the host clock of every timing above. */
+double awq_cpu_now_us(void);
+
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,7 @@ int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
                                    p ? p->K : 0, 1, configs, cap);
 }
 
-static double now_us(void)
+double awq_cpu_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -45,9 +45,9 @@ awq_status awq_cpu_time(const awq_config *c, float *us, int *detail, void *ctx)
     }
     double best = 0.0, spent = 0.0;
     for (int i = 0; i < runs; i++) {
-        double t0 = now_us();
+        double t0 = awq_cpu_now_us();
         awq_status s = run_once(o, c);
-        double dt = now_us() - t0;
+        double dt = awq_cpu_now_us() - t0;
         if (s != AWQ_OK)
             return s;
         if (i == 0 || dt < best)
