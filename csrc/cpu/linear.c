@@ -38,8 +38,8 @@
  * one a block takes depends on the problem alone.
  *
  * Every term of a partial is rounded to float32 before it is added, in
- * the vector paths and the scalar path alike (see "fused" and "subnormal"
- * below for the forms that differ without changing a bit), so all of them
+ * the vector paths and the scalar path alike (see "fused" below for the
+ * form that differs without changing a bit), so all of them
  * give the same bits for every chunk size and thread count, in the default
  * floating-point environment that each thread sets for the call
  * (fp_enter).  Blocking the sum also keeps its error near (LINEAR_KB + K /
@@ -98,8 +98,6 @@ enum {
 typedef struct {
     const awq_linear_problem *p;
     const float *x;            /* [M, K] float32: x itself, or its exact conversion */
-    const float *xs;           /* [M, K] what the regrouped tiles read: float16, x times
-                                * TINY_X_SCALE ("subnormal" below); else x */
     const unsigned char *xok;  /* [M][K / G]: row m of x allows regrouping in group g */
     int64_t chunk;             /* output columns per item, a multiple of 8 */
     int64_t width;             /* scratch columns: chunk rounded up to the widest tile */
@@ -170,16 +168,6 @@ static inline int scale_regroups(float s, awq_dtype t)
     case AWQ_F32: return a <= REGROUP_S_MAX;
     default: return 0;
     }
-}
-
-/* x times TINY_X_SCALE, exactly (float16 values times 2^64 stay below 2^81),
- * for the float16 regrouped tiles ("subnormal" below). */
-#define TINY_X_SCALE 0x1p64f
-
-static void scale_x(const float *x, float *xs, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        xs[i] = x[i] * TINY_X_SCALE;
 }
 
 /* xok[m][g] for every row and group, once per call. */
@@ -337,21 +325,13 @@ static void item_scalar(const plan *pl, const scratch *s, int64_t n0, int64_t co
  * (whose products can leave float32's range) and float32 the multiply and
  * the addition stay separate.
  *
- * "Subnormal": float16 regrouped tiles find q - z among float32's
- * subnormals (`tiny` in the code).  Nibble i, masked in place at bit 4p
- * and read as float32 bits, is the subnormal q 2^(4p - 149) exactly, with
- * no offset; the zero point's bits without the exponent (zero & 0x7FFFFF)
- * are z 2^(4p - 149), so one subtraction gives (q - z) 2^(4p - 149)
- * exactly, and the AND, unlike the ternary logic, leaves the word for the
- * next nibble without a copy.  x is taken times 2^64 (exact): each
- * product x 2^64 (q - z) 2^(4p - 149) is then a normal float32, at least
- * 2^(-24 + 64 - 149) = 2^-109, exact as (q - z) x is (15 significant bits
- * at most), and each partial sum is the scalar path's times 2^(4p - 85),
- * exactly: those sums are multiples of 2^-24 (float16 x is) below 2^26,
- * so 0 or normal at either scale, where a power of two commutes with
- * rounding.  The block's partial is then multiplied by s 2^(85 - 4p)
- * (exact) instead of s: the same real product, the same rounding.  This
- * needs subnormals read and written as they are, which fp_enter ensures. */
+ * No subnormals.  q - z could come from the masked nibble alone, read as
+ * the float32 subnormal q 2^(4p - 149), one instruction fewer than the OR
+ * with the offset; with x taken times 2^64 and the scale times 2^(85 - 4p)
+ * it gives the same bits.  But Intel cores take a microcode assist for
+ * every multiply with a subnormal operand: float16 at M = 1 on 4096 x
+ * 14336 took 76.5 ms that way on a Xeon (Sapphire Rapids, AVX-512)
+ * against 1.55 ms with the offset, 49 times as long. */
 
 #ifdef AWQ_X86_DISPATCH
 
@@ -364,11 +344,6 @@ static inline int fused_product(awq_dtype t) { return t == AWQ_F16; }
 
 /* The offset 2^(23 - 4p) of a nibble at position p (0..4). */
 static inline float nibble_offset(int p) { return (float)(1 << (23 - 4 * p)); }
-
-/* The float16 regrouped tiles' scales ("subnormal" above): x is taken
- * times TINY_X_SCALE = 2^64, so the sums of nibble position p come out
- * times 2^(64 + 4p - 149) = 2^(4p - 85), which s 2^(85 - 4p) undoes. */
-static inline float tiny_unscale(int p) { return bits_f32((uint32_t)(127 + 85 - 4 * p) << 23); }
 
 /* Nibble positions: a register pass reads nibble i at position p = i % 4
  * of the word shifted right by 4 (i - p), in both tile widths and for any
@@ -618,8 +593,7 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
       const int i0, const int np, const awq_dtype t, const int rg)
 {
     enum { P = NIBBLE_POSITIONS };
-    const int tiny = rg && t == AWQ_F16; /* q - z among the subnormals (above) */
-    __m256 acc[LINEAR_MB][4], ztiny[4];
+    __m256 acc[LINEAR_MB][4];
     __m256i mask[P];
     __m256 offset[P];
 #pragma GCC unroll 4
@@ -632,10 +606,6 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm256_setzero_ps();
-#pragma GCC unroll 4
-    for (int j = 0; tiny && j < np; j++)
-        ztiny[j] = _mm256_and_ps(_mm256_loadu_ps(zero + 8 * (i0 + j)),
-                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         /* the same tile row one block ahead, into L2 (where a chunk's
@@ -652,14 +622,13 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
         __m256 xm[LINEAR_MB];
 #pragma GCC unroll 4
         for (int m = 0; m < mb; m++)
-            xm[m] = _mm256_broadcast_ss(x + m * K + k); /* tiny: x times TINY_X_SCALE */
+            xm[m] = _mm256_broadcast_ss(x + m * K + k);
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
             __m256i bits = _mm256_and_si256(w[i / P - i0 / P], mask[i % P]);
-            __m256 d = tiny ? _mm256_sub_ps(_mm256_castsi256_ps(bits), ztiny[j])
-                            : _mm256_sub_ps(_mm256_or_ps(_mm256_castsi256_ps(bits), offset[i % P]),
-                                            _mm256_loadu_ps(zero + 8 * i));
+            __m256 d = _mm256_sub_ps(_mm256_or_ps(_mm256_castsi256_ps(bits), offset[i % P]),
+                                     _mm256_loadu_ps(zero + 8 * i));
             /* exact: W rounded to the dtype; regrouped: q - z itself */
             __m256 e = rg ? d : round8(_mm256_mul_ps(d, _mm256_loadu_ps(scale + 8 * i)), t);
 #pragma GCC unroll 4
@@ -675,10 +644,8 @@ pass8(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K,
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 8 * (i0 + j);
-            __m256 sc = _mm256_loadu_ps(scale + 8 * (i0 + j));
-            if (tiny)
-                sc = _mm256_mul_ps(sc, _mm256_set1_ps(tiny_unscale((i0 + j) % P)));
-            __m256 a = rg ? _mm256_mul_ps(sc, acc[m][j]) : acc[m][j];
+            __m256 a = rg ? _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * (i0 + j)), acc[m][j])
+                          : acc[m][j];
             _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), a));
         }
 }
@@ -753,8 +720,7 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
        const int i0, const int np, const awq_dtype t, const int rg)
 {
     enum { P = NIBBLE_POSITIONS };
-    const int tiny = rg && t == AWQ_F16; /* as in pass8 */
-    __m512 acc[LINEAR_MB][8], ztiny[8];
+    __m512 acc[LINEAR_MB][8];
     __m512i mask[P], offset[P];
 #pragma GCC unroll 4
     for (int j = 0; j < P; j++) {
@@ -766,10 +732,6 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++)
             acc[m][j] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int j = 0; tiny && j < np; j++)
-        ztiny[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(zero + 16 * (i0 + j)),
-                                                        _mm512_set1_epi32(0x007FFFFF)));
 
     for (int64_t k = 0; k < nk; k++) {
         if (i0 == 0) /* as in pass8 */
@@ -786,17 +748,11 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             const int i = i0 + j;
-            __m512 d;
-            if (tiny) {
-                __m512i bits = _mm512_and_si512(w[i / P - i0 / P], mask[i % P]);
-                d = _mm512_sub_ps(_mm512_castsi512_ps(bits), ztiny[j]);
-            } else {
-                /* (w & mask) | offset in one instruction: 0xEA is the
-                 * truth table of (a & b) | c */
-                __m512i q = _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P],
-                                                      offset[i % P], 0xEA);
-                d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
-            }
+            /* (w & mask) | offset in one instruction: 0xEA is the truth
+             * table of (a & b) | c */
+            __m512i q = _mm512_ternarylogic_epi32(w[i / P - i0 / P], mask[i % P], offset[i % P],
+                                                  0xEA);
+            __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_loadu_ps(zero + 16 * i));
             __m512 e = rg ? d : round16(_mm512_mul_ps(d, _mm512_loadu_ps(scale + 16 * i)), t);
 #pragma GCC unroll 4
             for (int m = 0; m < mb; m++)
@@ -811,10 +767,8 @@ pass16(const uint32_t *qw, int64_t stride, int64_t nk, const float *x, int64_t K
 #pragma GCC unroll 8
         for (int j = 0; j < np; j++) {
             float *at = total + m * width + 16 * (i0 + j);
-            __m512 sc = _mm512_loadu_ps(scale + 16 * (i0 + j));
-            if (tiny)
-                sc = _mm512_mul_ps(sc, _mm512_set1_ps(tiny_unscale((i0 + j) % P)));
-            __m512 a = rg ? _mm512_mul_ps(sc, acc[m][j]) : acc[m][j];
+            __m512 a = rg ? _mm512_mul_ps(_mm512_loadu_ps(scale + 16 * (i0 + j)), acc[m][j])
+                          : acc[m][j];
             _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), a));
         }
 }
@@ -858,7 +812,7 @@ static int vector_lanes(void)
  * together, else one by one. */
 static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
                      const tile_fn *regroup, const uint32_t *qw, int64_t stride, int64_t nk,
-                     const float *x, const float *xs, int64_t t0, int mode, int mb, unsigned xok)
+                     const float *x, int64_t t0, int mode, int mb, unsigned xok)
 {
     const int64_t K = pl->p->K, width = pl->width;
     const unsigned all = (1u << mb) - 1;
@@ -878,7 +832,7 @@ static void run_tile(const plan *pl, const scratch *s, const tile_fn *exact,
             exact[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
                             (both ? s->escale : s->scale) + t0, total, width);
         if (mode & MODE_REGROUP)
-            regroup[rows - 1](qw, stride, nk, xs + m * K, K, s->zero + t0,
+            regroup[rows - 1](qw, stride, nk, x + m * K, K, s->zero + t0,
                               (both ? s->rscale : s->scale) + t0, total, width);
         m += rows - 1;
     }
@@ -897,7 +851,7 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
     const tile_fn(*tiles)[AWQ_NUM_DTYPES][LINEAR_MB] = tiles8;
 #endif
     const tile_fn *exact = tiles[0][p->dtype], *regroup = tiles[1][p->dtype];
-    const float *x = pl->x + m0 * K, *xs = pl->xs + m0 * K;
+    const float *x = pl->x + m0 * K;
     for (int64_t i = 0; i < mb * pl->width; i++)
         s->total[i] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
@@ -912,7 +866,7 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
             for (int64_t t0 = 0; t0 < cols; t0 += T) {
                 int mode = s->mode[t0 / T];
                 if (t0 + T <= cols) {
-                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, xs + b0, t0,
+                    run_tile(pl, s, exact, regroup, qw + t0 / 8, words, nk, x + b0, t0,
                              mode, mb, xok);
                 } else {
                     /* a partial tile: its words, padded with zeros */
@@ -920,7 +874,7 @@ static void item_vector(const plan *pl, const scratch *s, int64_t n0, int64_t co
                     for (int64_t k = 0; k < nk; k++)
                         for (int64_t c = 0; c < lanes; c++)
                             s->tail[lanes * k + c] = c < nw ? qw[k * words + t0 / 8 + c] : 0u;
-                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, xs + b0, t0,
+                    run_tile(pl, s, exact, regroup, s->tail, lanes, nk, x + b0, t0,
                              mode, mb, xok);
                 }
             }
@@ -964,7 +918,7 @@ static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dt
  * round to nearest even, subnormals neither flushed nor read as zero
  * (MXCSR's default).  A caller may have changed its own (PyTorch's
  * set_flush_denormal does, and threads inherit it), which would change
- * bits and break the float16 regrouped tiles, whose q - z are subnormal. */
+ * the bits of sums that pass through the subnormals. */
 static unsigned fp_enter(void)
 {
 #ifdef AWQ_X86_DISPATCH
@@ -1047,8 +1001,8 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
         threads = 1;
 
     /* Everything is allocated here, before any thread starts: x in float32
-     * (unless it already is; twice for float16, scaled for the regrouped
-     * tiles), the rows' regrouping flags and one scratch per thread. */
+     * (unless it already is), the rows' regrouping flags and one scratch per
+     * thread. */
     size_t per = scratch_bytes(pl.width);
     if ((uint64_t)p->M > SIZE_MAX / sizeof(float) / 2 / (uint64_t)p->K)
         return AWQ_ERR_NOMEM;
@@ -1056,8 +1010,6 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     if (p->dtype != AWQ_F32) {
         xbytes = (size_t)p->M * (size_t)p->K * sizeof(float);
         xbytes = (xbytes + LINEAR_ALIGN - 1) / LINEAR_ALIGN * LINEAR_ALIGN;
-        if (p->dtype == AWQ_F16)
-            xbytes *= 2;
     }
     /* M (K / G) <= M K: no overflow after the check above */
     size_t okbytes = (size_t)p->M * (size_t)(p->K / p->G);
@@ -1072,12 +1024,6 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     } else {
         widen(&pl, p->x, (float *)mem, p->M * p->K, p->dtype);
         pl.x = (const float *)mem;
-    }
-    pl.xs = pl.x;
-    if (p->dtype == AWQ_F16) {
-        float *xs = (float *)(mem + xbytes / 2);
-        scale_x(pl.x, xs, p->M * p->K);
-        pl.xs = xs;
     }
     rows_regroup(&pl, (unsigned char *)(mem + xbytes));
     pl.xok = (const unsigned char *)(mem + xbytes);

@@ -532,9 +532,8 @@ static void test_bf16_rounded_w_stays_exact(void)
 #ifdef HAVE_MXCSR
 /* The caller's floating-point environment changes no bit: flush-to-zero,
  * denormals-are-zero and rounding toward zero, set in this thread and in
- * OpenMP's pooled threads, give the bits of the default environment (the
- * float16 regrouped tiles compute with subnormals), and each thread's own
- * environment is back afterwards. */
+ * OpenMP's pooled threads, give the bits of the default environment, and
+ * each thread's own environment is back afterwards. */
 static void test_float_environment(void)
 {
     const unsigned odd = 0x1F80u | 0x8040u | 0x6000u; /* masked, FTZ + DAZ, toward zero */
