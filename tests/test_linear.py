@@ -125,20 +125,32 @@ def test_fused_is_deterministic(rng, dtype):
 SLAB_K, SLAB_N, SLAB_G, SLAB_ROWS = 2688, 2048, 128, 2048
 
 
+class HookCalls(list):
+    """(w's shape, the slab arguments) of every call to the framework's matmul; `timed`:
+    w's shape for every call to its timer."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed = []
+
+
 @pytest.fixture
-def matmul_calls(monkeypatch):
-    """The arguments after (x, w, bias, y, stream) of every call linear makes to the
-    framework's matmul, which it still runs."""
+def matmul_calls():
+    """The calls linear makes to the framework's matmul and to its timer (HookCalls),
+    which both still run."""
     from awq_fast_dequant import _frameworks
 
-    calls = []
+    calls = HookCalls()
 
     def spy(x, w, bias, y, stream, *slab):
         calls.append((tuple(w.shape), slab))
         return _frameworks.matmul(x, w, bias, y, stream, *slab)
 
-    _C._set_hooks(_frameworks.allocate, _frameworks.current_stream, spy,
-                  _frameworks.time_matmul)
+    def timer_spy(x, w, bias, y, stream):
+        calls.timed.append(tuple(w.shape))
+        return _frameworks.time_matmul(x, w, bias, y, stream)
+
+    _C._set_hooks(_frameworks.allocate, _frameworks.current_stream, spy, timer_spy)
     yield calls
     _C._set_hooks(_frameworks.allocate, _frameworks.current_stream, _frameworks.matmul,
                   _frameworks.time_matmul)
@@ -159,6 +171,21 @@ def test_cpu_dequant_path_sums_float32_torch_in_slabs(rng, matmul_calls, bias, l
     out = torch.full(lead + (SLAB_N,), 7.0)
     assert awq.linear(x, qw, qz, sc, b, out=out, path="dequant") is out
     np.testing.assert_array_equal(bits(out), bits(y))
+
+
+def test_cpu_tuner_times_the_dequant_path_as_a_call_runs_it(rng, matmul_calls, private_cache):
+    # on the host the dequantize path is timed whole, its slabs and buffer included, not
+    # as the dequantize kernel plus the framework's matmul timer on a buffer made once
+    torch = pytest.importorskip("torch")
+    x, qw, qz, sc, b = (torch.from_numpy(a) for a in linear_problem(
+        rng, 64, SLAB_K, SLAB_N, SLAB_G, "float32"))
+    y = awq.linear(x, qw, qz, sc, b)  # M = 64: tuned here
+    assert awq.cache_stats()["tunings"] == 1
+    slab_calls = [c for c in matmul_calls if c[1]]
+    assert matmul_calls.timed == [] and len(slab_calls) >= 8  # 1 + 3 timed runs, 2 slabs each
+    assert set(slab_calls) == {((SLAB_ROWS, SLAB_N), (0, SLAB_ROWS)),
+                               ((SLAB_ROWS, SLAB_N), (SLAB_ROWS, SLAB_K - SLAB_ROWS))}
+    assert_linear_close(y, x, qw, qz, sc, b)
 
 
 def test_cpu_dequant_path_numpy_slabs_add_up(rng):
