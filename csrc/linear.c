@@ -108,7 +108,7 @@ enum { DEQUANT_SLAB_BYTES = 16 << 20 };
 static int64_t slab_rows(const awq_linear_job *job)
 {
     const awq_linear_problem *lp = &job->p;
-    if (lp->device >= 0 || lp->dtype != AWQ_F32 || lp->K == 0 || job->call.v[AWQ_LIN_X].is_numpy)
+    if (lp->device >= 0 || lp->dtype != AWQ_F32 || job->call.v[AWQ_LIN_X].is_numpy)
         return lp->K;
     int64_t groups = DEQUANT_SLAB_BYTES / ((int64_t)sizeof(float) * lp->N * lp->G);
     int64_t rows = (groups > 1 ? groups : 1) * lp->G;
@@ -122,7 +122,7 @@ static awq_problem weight_problem(const awq_linear_problem *lp, int64_t k0, int6
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->kernel = lp->device >= 0 ? AWQ_KERNEL_V4 : AWQ_KERNEL_CPU;
-    const int64_t words = lp->N / 8, g0 = lp->G > 0 ? k0 / lp->G : 0;
+    const int64_t words = lp->N / 8, g0 = k0 / lp->G; /* G >= 1, and k0 a multiple of it */
     return (awq_problem){.qweight = lp->qweight + k0 * words,
                          .qzeros = lp->qzeros + g0 * words,
                          .scales = (const char *)lp->scales +
