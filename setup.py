@@ -266,7 +266,7 @@ C_SOURCES = [
     "module.c", "args.c", "validate.c", "views.c", "alloc.c", "run.c", "dequantize.c",
     "linear.c", "cache.c", "dev.c",
     "autotune/table.c", "autotune/file.c", "autotune/tune.c",
-    "cpu/platform.c", "cpu/dequantize.c", "cpu/linear.c", "cpu/tune.c",
+    "cpu/platform.c", "cpu/dequantize.c", "cpu/linear.c", "cpu/amx.c", "cpu/tune.c",
     "cuda/stub.c",
 ]
 

@@ -77,9 +77,9 @@ static inline size_t awq_dtype_size(awq_dtype t) { return t == AWQ_F32 ? 4u : 2u
 
 /* ---- kernels ------------------------------------------------------------
  * dequantize: AUTO resolves to V4 on CUDA and CPU on the host.
- * linear: CPU (the host's fused kernel), SIMT (CUDA cores), MMA, GEMV and
- * WGMMA (tensor cores), DEQUANT (dequantize into a buffer + the framework's
- * matmul). */
+ * linear: CPU and AMX (the host's fused kernels), SIMT (CUDA cores), MMA,
+ * GEMV and WGMMA (tensor cores), DEQUANT (dequantize into a buffer + the
+ * framework's matmul). */
 typedef enum {
     AWQ_KERNEL_AUTO = 0,
     AWQ_KERNEL_V1 = 1,      /* one thread per output element */
@@ -92,15 +92,17 @@ typedef enum {
     AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
     AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 32, sm_80+) */
     AWQ_KERNEL_WGMMA = 10,  /* linear: fused, warpgroup tensor cores (wgmma, sm_90a) */
+    AWQ_KERNEL_AMX = 11,    /* linear: fused, host, bfloat16 on AMX tiles */
 } awq_kernel;
 
-#define AWQ_NUM_KERNELS 11
+#define AWQ_NUM_KERNELS 12
 
 /* The one table of kernel names; NULL for an id out of range. */
 static inline const char *awq_kernel_name(int k)
 {
     static const char *const names[AWQ_NUM_KERNELS] = {"auto", "v1",   "v2",  "v3",     "v4",
-                                                       "cpu",  "simt", "mma", "dequant", "gemv", "wgmma"};
+                                                       "cpu",  "simt", "mma", "dequant", "gemv", "wgmma",
+                                                       "amx"};
     return k >= 0 && k < AWQ_NUM_KERNELS ? names[k] : NULL;
 }
 
@@ -119,7 +121,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
 #define AWQ_CUDA_KERNELS_GEN 10
-#define AWQ_CPU_KERNELS_GEN 4
+#define AWQ_CPU_KERNELS_GEN 5
 
 /* CUDA device ordinals the package keeps per-device facts for (device
  * properties, autotune device keys); devices past it work, uncached. */

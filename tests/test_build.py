@@ -23,9 +23,11 @@ from conftest import DLPackOnly, make_problem
 def test_build_info_fields():
     info = awq.build_info()
     for key in ("version", "compiler", "openmp", "cuda", "cuda_archs", "cuda_runtime_version",
-                "cpu_simd", "cpu_max_threads"):
+                "cpu_simd", "cpu_amx", "cpu_max_threads"):
         assert key in info, key
     assert isinstance(info["openmp"], bool) and isinstance(info["cuda"], bool)
+    assert isinstance(info["cpu_amx"], bool)
+    assert not (info["cpu_amx"] and info["cpu_simd"] == "scalar")
     assert info["cpu_max_threads"] >= 1
     if info["cuda"]:
         assert info["cuda_archs"] and all(a >= 75 for a in info["cuda_archs"])

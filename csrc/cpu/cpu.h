@@ -31,6 +31,23 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
  * default).  Deterministic: the order of every sum is fixed by the problem
  * and the configuration, never by the threads' timing. */
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
+/* The fused linear for bfloat16 on AMX tiles (cpu/amx.c), the same
+ * contract.  c->chunk: output columns per work item, a multiple of 64 up to
+ * 1024 (0 = the default).  Sets *ran to 1 when it computed y; 0 when the
+ * call is not one the tiles can take (another dtype, an odd G, no AMX on
+ * this host or build, or an x or scale that is not zero or finite within
+ * [2^-40, 2^41)), for awq_cpu_linear's kernel to run.  Every configuration
+ * gives the same bits. */
+awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran);
+/* Rows of x per work item of the AMX kernel. */
+#define AWQ_CPU_AMX_ROWS 256
+/* 1 when this host and build run AMX tiles (and this process was granted
+ * their state); 0 with AWQ_FAST_DEQUANT_CPU_SCALAR set. */
+int awq_cpu_amx_ready(void);
+/* 1 when the AMX kernel may take problems of p's kind: bfloat16, K > 0, G
+ * even, and awq_cpu_amx_ready().  (Its values may still send a call to
+ * awq_cpu_linear's kernel.) */
+int awq_cpu_amx_fits(const awq_linear_problem *p);
 /* The vector path the fused linear takes on this CPU: "avx512f+f16c",
  * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR set to anything
  * but "" or "0" forces it).
@@ -61,20 +78,21 @@ static inline int awq_cpu_thread_counts(int max, int *counts, int cap)
     return n;
 }
 
-/* The search space both CPU kernels share: the backend default (threads =
+/* The search space the CPU kernels share: kernel's default (threads =
  * chunk = 0) first, then threads in {1, 2, 4, ... < max, max} (max =
  * awq_cpu_max_threads()) times the given chunks, without chunks past the one
  * that already covers extent and without more threads than work items
  * (ceil(extent / chunk) * items_per_chunk).  An extent or items_per_chunk
  * that is not positive gives the default alone.  Returns how many were
  * written (at most cap). */
-static inline int awq_cpu_grid_candidates(const int64_t *chunks, int nchunks, int64_t extent,
-                                          int64_t items_per_chunk, awq_config *configs, int cap)
+static inline int awq_cpu_grid_candidates(int kernel, const int64_t *chunks, int nchunks,
+                                          int64_t extent, int64_t items_per_chunk,
+                                          awq_config *configs, int cap)
 {
     if (!configs || cap <= 0)
         return 0;
     int n = 0;
-    configs[n++] = (awq_config){.kernel = AWQ_KERNEL_CPU}; /* the default: ties keep it */
+    configs[n++] = (awq_config){.kernel = kernel}; /* the default: ties keep it */
     if (extent <= 0 || items_per_chunk <= 0)
         return n;
 
@@ -90,8 +108,8 @@ static inline int awq_cpu_grid_candidates(const int64_t *chunks, int nchunks, in
                 continue; /* some threads would have nothing to do */
             if (n == cap)
                 return n;
-            configs[n++] = (awq_config){
-                .kernel = AWQ_KERNEL_CPU, .threads = threads[ti], .chunk = chunks[ci]};
+            configs[n++] =
+                (awq_config){.kernel = kernel, .threads = threads[ti], .chunk = chunks[ci]};
         }
     }
     return n;
@@ -110,7 +128,9 @@ int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
 /* The fused linear's (cpu/linear.c): chunk in {64, 128, ..., 8192} columns
  * of N, each for every block of rows of x.  Every configuration gives the
- * same bits. */
+ * same bits.  For bfloat16 on a host with AMX tiles (and G even), then the
+ * AMX kernel's (cpu/amx.c): chunk in {128, 256, 512, 1024}; its
+ * configurations give the same bits as each other. */
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
 
 /* The ctx of awq_cpu_time: the problem (exactly one of p and lp) and how to

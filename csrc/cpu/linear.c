@@ -967,6 +967,15 @@ static int64_t default_chunk(int64_t N, int threads)
 
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 {
+    if (c->kernel == AWQ_KERNEL_AMX) {
+        /* cpu/amx.c, or this kernel where the tiles cannot take the call */
+        int ran = 0;
+        awq_status s = awq_cpu_linear_amx(p, c, &ran);
+        if (s != AWQ_OK || ran)
+            return s;
+        const awq_config exact = {.kernel = AWQ_KERNEL_CPU, .threads = c->threads};
+        return awq_cpu_linear(p, &exact);
+    }
     if (c->threads < 0 || c->chunk < 0 || c->chunk % 8 != 0 ||
         (c->kernel != AWQ_KERNEL_AUTO && c->kernel != AWQ_KERNEL_CPU))
         return AWQ_ERR_CONFIG;
@@ -1075,6 +1084,15 @@ int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, 
     static const int64_t chunks[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
     /* a work item is a chunk of N for one block of LINEAR_MB rows of x */
     const int64_t blocks = p && p->M > 0 ? (p->M + LINEAR_MB - 1) / LINEAR_MB : 0;
-    return awq_cpu_grid_candidates(chunks, (int)(sizeof chunks / sizeof chunks[0]),
-                                   p ? p->N : 0, blocks, configs, cap);
+    int n = awq_cpu_grid_candidates(AWQ_KERNEL_CPU, chunks, (int)(sizeof chunks / sizeof chunks[0]),
+                                    p ? p->N : 0, blocks, configs, cap);
+    /* bfloat16 on AMX tiles (cpu/amx.c): its default, then its grid; a work
+     * item is a chunk of N for one block of AWQ_CPU_AMX_ROWS rows of x */
+    if (p && blocks > 0 && n < cap && awq_cpu_amx_fits(p)) {
+        static const int64_t widths[] = {128, 256, 512, 1024};
+        const int64_t amx_blocks = (p->M + AWQ_CPU_AMX_ROWS - 1) / AWQ_CPU_AMX_ROWS;
+        n += awq_cpu_grid_candidates(AWQ_KERNEL_AMX, widths, (int)(sizeof widths / sizeof *widths),
+                                     p->N, amx_blocks, configs + n, cap - n);
+    }
+    return n;
 }

@@ -11,7 +11,7 @@
 int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap)
 {
     static const int64_t chunks[] = {8, 32, 128, 512};
-    return awq_cpu_grid_candidates(chunks, (int)(sizeof chunks / sizeof chunks[0]),
+    return awq_cpu_grid_candidates(AWQ_KERNEL_CPU, chunks, (int)(sizeof chunks / sizeof chunks[0]),
                                    p ? p->K : 0, 1, configs, cap);
 }
 

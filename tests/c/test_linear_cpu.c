@@ -799,6 +799,132 @@ static void bench(int reps)
     free(y);
 }
 
+/* ---- the AMX kernel for bfloat16 (csrc/cpu/amx.c) ---- */
+
+static awq_status run_amx(const problem *P, int threads, int64_t chunk, int *ran)
+{
+    awq_linear_problem p = view(P);
+    awq_config c = {.kernel = AWQ_KERNEL_AMX, .threads = threads, .chunk = chunk};
+    return awq_cpu_linear_amx(&p, &c, ran);
+}
+
+/* A problem whose x or scale (where: 0 x, 1 scales) at index i is v: the
+ * tiles take it (ran) or leave it to awq_cpu_linear's kernel, whose bits
+ * the AMX configuration then gives. */
+static void amx_value(double v, int where, int expect_ran)
+{
+    rng_state = 4242;
+    problem P = make_problem(5, 128, 72, 32, AWQ_BF16, 1, 0);
+    encode(where ? P.sc : P.x, where ? 70 : 200, v, AWQ_BF16);
+    size_t bytes = (size_t)(P.M * P.N) * 2;
+    int ran = -1;
+    CHECK(run_amx(&P, 0, 0, &ran) == AWQ_OK);
+    if (ran != expect_ran) {
+        fprintf(stderr, "amx: %s = %g: ran %d, expected %d\n", where ? "scale" : "x", v, ran,
+                expect_ran);
+        CHECK(0);
+    }
+    awq_linear_problem p = view(&P);
+    awq_config amx = {.kernel = AWQ_KERNEL_AMX};
+    memset(P.y, 0x5A, bytes);
+    CHECK(awq_cpu_linear(&p, &amx) == AWQ_OK);
+    CHECK(check_reference(&P, "amx, edge values") == 0);
+    if (!expect_ran) {
+        void *got = xmalloc(bytes);
+        memcpy(got, P.y, bytes);
+        CHECK(run(&P, 0, 0) == AWQ_OK);
+        CHECK(same_bits(got, P.y, P.M * P.N, AWQ_BF16));
+        free(got);
+    }
+    free_problem(&P);
+}
+
+static void test_amx(void)
+{
+    rng_state = 77;
+    problem P = make_problem(3, 64, 64, 32, AWQ_BF16, 1, 0);
+    awq_linear_problem p = view(&P);
+    const awq_config bad[] = {{.kernel = AWQ_KERNEL_AMX, .chunk = 32},
+                              {.kernel = AWQ_KERNEL_AMX, .chunk = 2048},
+                              {.kernel = AWQ_KERNEL_AMX, .threads = -1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int ran = -1;
+        CHECK(awq_cpu_linear_amx(&p, &bad[i], &ran) == AWQ_ERR_CONFIG && ran == 0);
+        CHECK(awq_cpu_linear(&p, &bad[i]) == AWQ_ERR_CONFIG);
+    }
+    /* the AMX candidates: its default, then its grid, after all of the
+     * vector kernel's (which float16 gets alone) */
+    awq_config cands[64], half[64];
+    awq_linear_problem p16 = p;
+    p16.dtype = AWQ_F16;
+    const int n = awq_cpu_linear_candidates(&p, cands, 64);
+    const int n16 = awq_cpu_linear_candidates(&p16, half, 64);
+    for (int i = 0; i < n16; i++)
+        CHECK(half[i].kernel == AWQ_KERNEL_CPU && cands[i].kernel == AWQ_KERNEL_CPU);
+    for (int i = n16; i < n; i++) {
+        CHECK(cands[i].kernel == AWQ_KERNEL_AMX);
+        CHECK(i == n16 ? cands[i].threads == 0 && cands[i].chunk == 0
+                       : cands[i].chunk >= 128 && cands[i].chunk <= 1024 && cands[i].threads >= 1);
+    }
+    CHECK(awq_cpu_amx_ready() ? n > n16 + 1 : n == n16);
+    free_problem(&P);
+    if (!awq_cpu_amx_ready()) {
+        printf("amx: no AMX tiles on this host or build; the kernel's own checks skipped\n");
+        amx_value(1.0, 0, 0); /* its configurations still run awq_cpu_linear's kernel */
+        return;
+    }
+
+    /* M, K, N, G: 16-row and 32-row tails, several 256-row blocks of the
+     * sum, N tails of the 16- and 64-column tiles and of the chunks, G = 2,
+     * G = K, more than one 256-row block of x */
+    static const int64_t shapes[][4] = {{1, 64, 8, 64},     {5, 96, 72, 32},   {16, 256, 64, 128},
+                                        {17, 200, 136, 8},  {33, 640, 520, 128}, {2, 260, 56, 130},
+                                        {150, 300, 200, 2}, {290, 512, 1096, 64}};
+    static const int64_t chunks[] = {64, 128, 1024};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        for (int bias = 0; bias < 2; bias++) {
+            rng_state = 1000 + 2 * i + (uint64_t)bias;
+            const int64_t *s = shapes[i];
+            problem Q = make_problem(s[0], s[1], s[2], s[3], AWQ_BF16, bias, 0);
+            size_t bytes = (size_t)(Q.M * Q.N) * 2;
+            int ran = -1;
+            CHECK(run_amx(&Q, 0, 0, &ran) == AWQ_OK && ran == 1);
+            CHECK(check_reference(&Q, "amx") == 0);
+            void *first = xmalloc(bytes);
+            memcpy(first, Q.y, bytes);
+            for (int threads = 1; threads <= 3; threads++)
+                for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                    memset(Q.y, 0x5A, bytes);
+                    CHECK(run_amx(&Q, threads, chunks[c], &ran) == AWQ_OK && ran == 1);
+                    if (memcmp(first, Q.y, bytes) != 0) {
+                        fprintf(stderr, "amx: shape %zu: threads %d chunk %lld changed the bits\n",
+                                i, threads, (long long)chunks[c]);
+                        CHECK(0);
+                    }
+                }
+            free(first);
+            free_problem(&Q);
+        }
+    }
+
+    /* the edges of the range the tiles take, in x and in the scales */
+    static const double inside[] = {0x1p-40, -0x1p-40, 0x1.fep40, 0.0, -0.0};
+    static const double outside[] = {0x1.fep-41, -0x1p-60, 0x1p41, 0x1p-130, NAN, INFINITY};
+    for (int where = 0; where < 2; where++) {
+        for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++)
+            amx_value(inside[i], where, 1);
+        for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
+            amx_value(outside[i], where, 0);
+    }
+    /* an odd G goes to awq_cpu_linear's kernel */
+    rng_state = 31;
+    problem O = make_problem(3, 63, 16, 21, AWQ_BF16, 0, 0);
+    int ran = -1;
+    CHECK(run_amx(&O, 0, 0, &ran) == AWQ_OK && ran == 0);
+    free_problem(&O);
+    printf("amx: checked\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
@@ -840,6 +966,7 @@ int main(int argc, char **argv)
     test_regrouped_and_exact_forms(awq_cpu_linear_narrow, "AVX2 tiles, forms");
 #endif
     test_candidates();
+    test_amx();
 
     /* the vector path's outputs equal the scalar path's, bit for bit (and
      * the AVX2 tiles', where they are linked in as well) */

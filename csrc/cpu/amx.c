@@ -1,0 +1,501 @@
+/*
+ * cpu/amx.c -- the fused W4A16 linear for bfloat16 on Intel AMX tiles
+ * (DESIGN.md section 7):
+ *
+ *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
+ *
+ * W[k, n] is dequantize's bfloat16 value, round_bf16( float32(q - z) *
+ * float32(s) ), written by AVX-512 code into a small panel in the layout
+ * the tiles read (pairs of rows interleaved, "VNNI"), one block of K and a
+ * chunk of columns at a time; it stays in the core's caches and is never
+ * written to memory as a matrix.  TDPBF16PS multiplies 16 rows of x by 16
+ * columns of the panel over 32 rows of K: bfloat16 products, exact in
+ * float32, added in float32.
+ *
+ * The order of the sums is fixed by the problem alone, as in cpu/linear.c:
+ * K is cut into blocks of AMX_KB rows; each block's partial sum starts at
+ * +0 in a tile and takes its rows 32 at a time in TDPBF16PS's order; the
+ * partials are added in block order to a float32 total that starts at +0;
+ * the bias is added to the total; one rounding.  Which thread computes an
+ * output, how wide its chunk of columns is and how many threads run change
+ * no bit.  Blocking keeps the sum's error near (AMX_KB + K / AMX_KB)
+ * float32 roundings, far inside the tolerance's 2^-9.
+ *
+ * The tiles read subnormal inputs as zero and flush subnormal results,
+ * whatever MXCSR says, so this kernel takes a call only where no subnormal
+ * can arise: every x and every scale zero, or finite with a magnitude in
+ * [2^-40, 2^41).  Then every product is zero or at least 2^-80 and a
+ * multiple of 2^-94, every sum of them is too, and no sum overflows.  A
+ * call with any other value runs cpu/linear.c's kernel instead (which
+ * depends on the inputs alone, so a call stays deterministic).  The bias
+ * is added, and y rounded, in AVX-512 code under the default MXCSR.
+ *
+ * Needs AMX-TILE, AMX-BF16, AVX512-BF16 and AVX512BW, Linux (the tiles'
+ * state is granted per process by arch_prctl), and GCC 11 or Clang 12 for
+ * the intrinsics; elsewhere awq_cpu_amx_ready() is 0 and nothing here runs.
+ *
+ * Pure C: no Python object is touched, so callers release the GIL.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* syscall() under -std=c11 */
+#endif
+#include "cpu/convert.h"
+#include "cpu/cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(AWQ_X86_DISPATCH) && defined(__linux__) &&                                        \
+    ((defined(__clang__) && __clang_major__ >= 12) ||                                          \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define AWQ_CPU_AMX 1
+#endif
+
+#ifdef AWQ_CPU_AMX
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum {
+    AMX_KB = 256,      /* rows of K per block of the sum (a multiple of 32) */
+    AMX_MB = AWQ_CPU_AMX_ROWS, /* rows of x per work item (a multiple of 16) */
+    AMX_NW_MAX = 1024, /* columns per work item at most */
+    AMX_NW_DEFAULT = 512,
+    AMX_ALIGN = 64,
+};
+
+/* The magnitudes a tile may read: zero, or [2^-40, 2^41) (bfloat16
+ * exponent fields 87 to 167). */
+#define AMX_EXP_MIN 87
+#define AMX_EXP_END 168
+
+/* ---- the host: may this process run tiles? ---- */
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!awq_cpu_use_avx2() || __get_cpuid_max(0, NULL) < 7)
+        return; /* also AWQ_FAST_DEQUANT_CPU_SCALAR set */
+    __cpuid(1, a, b, c, d);
+    if (!(c >> 27 & 1u)) /* OSXSAVE: XGETBV may run */
+        return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx512 = (b >> 16 & 1u) && (b >> 30 & 1u); /* AVX512F, AVX512BW */
+    const int tiles = (d >> 22 & 1u) && (d >> 24 & 1u);  /* AMX-BF16, AMX-TILE */
+    __cpuid_count(7, 1, a, b, c, d);
+    const int bf16 = a >> 5 & 1u; /* AVX512_BF16 */
+    if (!avx512 || !tiles || !bf16)
+        return;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    /* the OS saves the SSE, AVX, AVX-512 and tile states */
+    const unsigned want = 0x2u | 0x4u | 0xE0u | 0x60000u;
+    if ((lo & want) != want)
+        return;
+    /* The tile data state is granted per process; Linux refuses it where a
+     * thread's signal stack is too small to hold it. */
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return;
+    amx_ok = 1;
+}
+
+int awq_cpu_amx_ready(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+/* ---- the inputs a tile may read ---- */
+
+static int bf16_ok(uint16_t h)
+{
+    unsigned a = h & 0x7FFFu, e = a >> 7;
+    return a == 0 || (e >= AMX_EXP_MIN && e < AMX_EXP_END);
+}
+
+/* 1 when every one of the n values at src is zero or within the range. */
+__attribute__((target("avx512f,avx512bw"))) static int all_ok(const uint16_t *src, int64_t n)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    const __m512i lo = _mm512_set1_epi16((short)(AMX_EXP_MIN << 7));
+    const __m512i span = _mm512_set1_epi16((short)((AMX_EXP_END - AMX_EXP_MIN) << 7));
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
+        __mmask32 ok = _mm512_cmpeq_epi16_mask(a, _mm512_setzero_si512()) |
+                       _mm512_cmplt_epu16_mask(_mm512_sub_epi16(a, lo), span);
+        if (ok != 0xFFFFFFFFu)
+            return 0;
+    }
+    for (; i < n; i++)
+        if (!bf16_ok(src[i]))
+            return 0;
+    return 1;
+}
+
+/* ---- one call's plan ---- */
+
+typedef struct {
+    const awq_linear_problem *p;
+    const uint16_t *xp; /* [Mp][Kp] x, zero-padded to whole tiles */
+    int64_t Mp, Kp;     /* M rounded up to 16, K to 32 */
+    int64_t nw;         /* columns per work item, a multiple of 64 */
+    int64_t chunks;     /* work items along N */
+} plan;
+
+typedef struct {
+    uint16_t *panel; /* [AMX_KB / 2][nw][2] one block of W, pairs of rows interleaved */
+    float *total;    /* [AMX_MB][nw] the sums so far */
+    float *part;     /* [16][64] one tile row's partials */
+    float *scale;    /* [nw] the group's scales, in the panel's lane order */
+    float *zs;       /* [nw] zero point times scale, the same order */
+} scratch;
+
+static size_t round_up(size_t n) { return (n + AMX_ALIGN - 1) / AMX_ALIGN * AMX_ALIGN; }
+
+static size_t scratch_bytes(int64_t nw)
+{
+    return round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
+           round_up(16 * 64 * 4) + 2 * round_up((size_t)nw * 4);
+}
+
+static scratch scratch_at(char *mem, int64_t nw)
+{
+    scratch s;
+    s.panel = (uint16_t *)mem;
+    mem += round_up((size_t)AMX_KB * (size_t)nw * 2);
+    s.total = (float *)mem;
+    mem += round_up((size_t)AMX_MB * nw * 4);
+    s.part = (float *)mem;
+    mem += round_up(16 * 64 * 4);
+    s.scale = (float *)mem;
+    s.zs = (float *)(mem + round_up((size_t)nw * 4));
+    return s;
+}
+
+/* ---- W: one block of rows, one chunk of columns ---- */
+
+/* Rows [k0, k1) (k1 - k0 even, k0 even) and columns [n0, n0 + cols) of W
+ * into s->panel as pairs of rows: panel[(k - k0) / 2][n][k & 1], nw
+ * columns wide; columns from cols on, and rows from K on, are zero.
+ *
+ * A tile of 16 columns reads its row's two packed words as one 64-bit
+ * broadcast: lane 2i holds column i (the first word's nibble REVERSE[i])
+ * and lane 2i + 1 column 8 + i, so the group's zero points and scales are
+ * laid out in that order, and the final permutation puts the columns back
+ * in order, each with its pair of rows.  W = q s - z s in one FMA: q s and
+ * z s are exact in float32 (4 by 8 significant bits), and so is their
+ * difference (q - z) s, so that this is float32(q - z) * float32(s)
+ * except for the sign of a zero, which no sum of the tiles keeps. */
+__attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) static void
+panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t words = p->N / 8, cw = cols / 8, nw = pl->nw, K = p->K;
+    const uint16_t *scales = p->scales;
+#define AMX_SHIFT(j) 4 * AWQ_NIBBLE(j), 4 * AWQ_NIBBLE(j) /* lanes 2j and 2j + 1 */
+    static const int32_t SHIFTS[16] = {AMX_SHIFT(0), AMX_SHIFT(1), AMX_SHIFT(2), AMX_SHIFT(3),
+                                       AMX_SHIFT(4), AMX_SHIFT(5), AMX_SHIFT(6), AMX_SHIFT(7)};
+#undef AMX_SHIFT
+    const __m512i shifts = _mm512_loadu_si512(SHIFTS);
+    const __m512i nib = _mm512_set1_epi32(0xF);
+    /* 16 bfloat16 of row k (lane order), then 16 of row k + 1 -> for column
+     * n = 0..15: row k, row k + 1; column n < 8 is lane 2n, n >= 8 lane 2n - 15 */
+    const __m512i pairs =
+        _mm512_set_epi16(31, 15, 29, 13, 27, 11, 25, 9, 23, 7, 21, 5, 19, 3, 17, 1, /* n = 15..8 */
+                         30, 14, 28, 12, 26, 10, 24, 8, 22, 6, 20, 4, 18, 2, 16, 0); /* n = 7..0 */
+    const int64_t kend = k1 < K ? k1 : K;
+    for (int64_t k = k0; k < kend;) {
+        const int64_t g = k / p->G, ge = (g + 1) * p->G < kend ? (g + 1) * p->G : kend;
+        for (int64_t n = 0; n < nw; n++) { /* column n at lane order position */
+            const int64_t t = n / 16, i = n % 16, lane = 16 * t + (i < 8 ? 2 * i : 2 * (i - 8) + 1);
+            float sv = 0.0f, zv = 0.0f;
+            if (n < cols) {
+                uint32_t zw = p->qzeros[g * words + (n0 + n) / 8];
+                zv = (float)(zw >> (4 * AWQ_NIBBLE(n % 8)) & 0xFu);
+                sv = load_scale(scales, g * p->N + n0 + n, AWQ_BF16);
+            }
+            s->scale[lane] = sv;
+            s->zs[lane] = zv * sv; /* exact: 4 by 8 significant bits */
+        }
+        for (int64_t t = 0; t < nw / 16; t++) {
+            const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
+            const __m512 sv = _mm512_load_ps(s->scale + 16 * t);
+            const __m512 zs = _mm512_load_ps(s->zs + 16 * t);
+            const uint32_t *q = p->qweight + k * words + n0 / 8 + 2 * t;
+            uint16_t *o = s->panel + (k - k0) / 2 * nw * 2 + 32 * t;
+            /* G is even (awq_cpu_linear_amx), so rows k and k + 1 share the group */
+            for (int64_t kk = k; kk < ge; kk += 2, q += 2 * words, o += nw * 2) {
+                uint64_t w0, w1;
+                if (left >= 2) {
+                    memcpy(&w0, q, 8);
+                    memcpy(&w1, q + words, 8);
+                } else { /* the row's last word, or none */
+                    w0 = left == 1 ? q[0] : 0;
+                    w1 = left == 1 ? q[words] : 0;
+                }
+#define AMX_ROW(w)                                                                           \
+    _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(                                    \
+                        _mm512_srlv_epi32(_mm512_set1_epi64((long long)(w)), shifts), nib)), \
+                    sv, zs)
+                __m512i two = (__m512i)_mm512_cvtne2ps_pbh(AMX_ROW(w1), AMX_ROW(w0));
+#undef AMX_ROW
+                _mm512_store_si512(o, _mm512_permutexvar_epi16(pairs, two));
+            }
+        }
+        k = ge;
+    }
+    if (k1 > kend) /* K's padding to whole tiles */
+        memset(s->panel + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
+}
+
+/* ---- the tiles ---- */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Eight tiles of 16 rows x 64 bytes: 0-3 sums (16 x 16 float32), 4 x
+ * (16 rows x 32 bfloat16), 5-7 the panel (16 pairs of rows x 16 columns). */
+static const tile_config TILES = {.palette = 1,
+                                  .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                  .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+__attribute__((target("amx-tile"))) static void tiles_on(void) { _tile_loadconfig(&TILES); }
+__attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
+
+/* Rows [r0, r0 + 16) of x times the panel's rows [k0, k1) (x's columns),
+ * 64 columns from c0: the block's partial sums into part[16][64]. */
+__attribute__((target("amx-tile,amx-bf16"))) static void
+tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t k0, int64_t k1, int64_t c0)
+{
+    const int64_t nw = pl->nw;
+    const uint16_t *a = pl->xp + r0 * pl->Kp + k0;
+    const uint16_t *b = s->panel + c0 * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = k0; k < k1; k += 32, a += 32, b += 16 * nw * 2) {
+        _tile_loadd(4, a, pl->Kp * 2);
+        _tile_loadd(5, b, nw * 4);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, b + 32, nw * 4);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, b + 64, nw * 4);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, b + 96, nw * 4);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, s->part, 64 * 4);
+    _tile_stored(1, s->part + 16, 64 * 4);
+    _tile_stored(2, s->part + 32, 64 * 4);
+    _tile_stored(3, s->part + 48, 64 * 4);
+}
+
+/* total[rows][c0 .. c0 + 64) += part (rows <= 16) */
+__attribute__((target("avx512f"))) static void add_part(const scratch *s, int64_t nw, int64_t r,
+                                                         int rows, int64_t c0)
+{
+    for (int i = 0; i < rows; i++) {
+        float *t = s->total + (r + i) * nw + c0;
+        for (int j = 0; j < 64; j += 16)
+            _mm512_storeu_ps(t + j, _mm512_add_ps(_mm512_loadu_ps(t + j),
+                                                  _mm512_loadu_ps(s->part + i * 64 + j)));
+    }
+}
+
+/* y[m0 + i][n0 + j] = round(total[i][j] + bias[n0 + j]) */
+__attribute__((target("avx512f,avx512bw"))) static void
+store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int64_t cols)
+{
+    const awq_linear_problem *p = pl->p;
+    const uint16_t *bias = p->bias;
+    uint16_t *y = p->y;
+    for (int i = 0; i < rows; i++) {
+        const float *t = s->total + (int64_t)i * pl->nw;
+        uint16_t *out = y + (m0 + i) * p->N + n0;
+        int64_t j = 0;
+        for (; j + 16 <= cols; j += 16) {
+            __m512 v = _mm512_loadu_ps(t + j);
+            if (bias)
+                v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                             (const __m256i *)(bias + n0 + j))),
+                                         16)));
+            /* round to nearest even on the bit pattern; NaN -> quiet NaN */
+            __m512i x = _mm512_castps_si512(v);
+            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+            __m512i r = _mm512_srli_epi32(
+                _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+            __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+            _mm256_storeu_si256((__m256i *)(out + j), _mm512_cvtepi32_epi16(r));
+        }
+        for (; j < cols; j++) {
+            float v = t[j];
+            if (bias)
+                v += load_scale(bias, n0 + j, AWQ_BF16);
+            out[j] = float_to_bf16(v);
+        }
+    }
+}
+
+/* Work item i: chunk i % chunks of the columns, block i / chunks of AMX_MB
+ * rows of x. */
+static void run_item(const plan *pl, const scratch *s, int64_t i)
+{
+    const awq_linear_problem *p = pl->p;
+    const int64_t nw = pl->nw, n0 = i % pl->chunks * nw, m0 = i / pl->chunks * AMX_MB;
+    const int64_t cols = p->N - n0 < nw ? p->N - n0 : nw;
+    const int64_t mrows = p->M - m0 < AMX_MB ? p->M - m0 : AMX_MB;
+    const int64_t tiles_m = (mrows + 15) / 16, tiles_n = (cols + 63) / 64;
+    memset(s->total, 0, (size_t)(tiles_m * 16) * (size_t)nw * sizeof(float));
+    for (int64_t k0 = 0; k0 < pl->Kp; k0 += AMX_KB) {
+        const int64_t k1 = k0 + AMX_KB < pl->Kp ? k0 + AMX_KB : pl->Kp;
+        panel_block(pl, s, k0, k1, n0, cols);
+        for (int64_t r = 0; r < tiles_m; r++)
+            for (int64_t c = 0; c < tiles_n; c++) {
+                tile_block(pl, s, m0 + 16 * r, k0, k1, 64 * c);
+                add_part(s, nw, 16 * r, 16, 64 * c);
+            }
+    }
+    store_y(pl, s, m0, (int)mrows, n0, cols);
+}
+
+/* The floating-point environment of the vector adds: MXCSR's default
+ * (round to nearest even, no flush to zero), whatever the caller set. */
+static unsigned fp_enter(void)
+{
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(0x1F80u);
+    return old;
+}
+
+static int64_t default_width(int64_t N, int threads)
+{
+    /* AMX_NW_DEFAULT, narrower where N would leave a thread without work */
+    int64_t nw = AMX_NW_DEFAULT;
+    while (nw > 64 && (N + nw - 1) / nw < 2 * threads)
+        nw /= 2;
+    return nw;
+}
+
+int awq_cpu_amx_fits(const awq_linear_problem *p)
+{
+    return p->dtype == AWQ_BF16 && p->K > 0 && p->G % 2 == 0 && awq_cpu_amx_ready();
+}
+
+awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran)
+{
+    *ran = 0;
+    if (c->threads < 0 || c->chunk < 0 || c->chunk % 64 != 0 || c->chunk > AMX_NW_MAX)
+        return AWQ_ERR_CONFIG;
+    if (p->M <= 0 || p->N <= 0 || !awq_cpu_amx_fits(p))
+        return AWQ_OK;
+    if (!all_ok(p->scales, p->K / p->G * p->N))
+        return AWQ_OK;
+
+    int threads = awq_cpu_threads(c->threads);
+    plan pl = {.p = p};
+    pl.Mp = (p->M + 15) / 16 * 16;
+    pl.Kp = (p->K + 31) / 32 * 32;
+    pl.nw = c->chunk > 0 ? c->chunk : default_width(p->N, threads);
+    pl.chunks = (p->N + pl.nw - 1) / pl.nw;
+    const int64_t items = pl.chunks * ((p->M + AMX_MB - 1) / AMX_MB);
+    if (threads > items)
+        threads = (int)items;
+    if (threads < 1)
+        threads = 1;
+
+    if ((uint64_t)pl.Mp > SIZE_MAX / 4 / (uint64_t)pl.Kp)
+        return AWQ_ERR_NOMEM;
+    const size_t xbytes = round_up((size_t)pl.Mp * (size_t)pl.Kp * 2), per = scratch_bytes(pl.nw);
+    if ((size_t)threads > (SIZE_MAX - xbytes) / per)
+        return AWQ_ERR_NOMEM;
+    char *mem = aligned_alloc(AMX_ALIGN, xbytes + per * (size_t)threads);
+    if (mem == NULL)
+        return AWQ_ERR_NOMEM;
+
+    /* x, zero-padded to whole tiles, and checked on the way */
+    uint16_t *xp = (uint16_t *)mem;
+    const uint16_t *x = p->x;
+    int ok = 1;
+    for (int64_t m = 0; m < p->M && ok; m++) {
+        memcpy(xp + m * pl.Kp, x + m * p->K, (size_t)p->K * 2);
+        memset(xp + m * pl.Kp + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
+        ok = all_ok(x + m * p->K, p->K);
+    }
+    if (!ok) {
+        free(mem);
+        return AWQ_OK;
+    }
+    memset(xp + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
+    pl.xp = xp;
+    char *scratch_mem = mem + xbytes;
+
+    if (threads == 1) { /* also every forked child (cpu/platform.c) */
+        unsigned env = fp_enter();
+        tiles_on();
+        scratch s = scratch_at(scratch_mem, pl.nw);
+        for (int64_t i = 0; i < items; i++)
+            run_item(&pl, &s, i);
+        tiles_off();
+        _mm_setcsr(env);
+    }
+#ifdef _OPENMP
+    else {
+#pragma omp parallel num_threads(threads)
+        {
+            unsigned env = fp_enter();
+            tiles_on();
+            scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.nw);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < items; i++)
+                run_item(&pl, &s, i);
+            tiles_off();
+            _mm_setcsr(env);
+        }
+    }
+#endif
+    free(mem);
+    *ran = 1;
+    return AWQ_OK;
+}
+
+#else /* no AMX on this build */
+
+int awq_cpu_amx_ready(void) { return 0; }
+
+int awq_cpu_amx_fits(const awq_linear_problem *p)
+{
+    (void)p;
+    return 0;
+}
+
+awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran)
+{
+    (void)p;
+    *ran = 0;
+    if (c->threads < 0 || c->chunk < 0 || c->chunk % 64 != 0 || c->chunk > 1024)
+        return AWQ_ERR_CONFIG;
+    return AWQ_OK;
+}
+
+#endif
