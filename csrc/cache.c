@@ -98,8 +98,10 @@ static const char *device_key(awq_state *st, int device, char *scratch, int *det
     if (device < 0) {
         struct utsname u;
         const char *m = uname(&u) == 0 ? u.machine : "unknown";
-        snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s %dt", m, awq_cpu_simd(),
-                 awq_cpu_max_threads());
+        /* "+amx" where linear's bfloat16 runs on the tiles: picks tuned with
+         * them are another host's */
+        snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s%s %dt", m, awq_cpu_simd(),
+                 awq_cpu_amx_ready() ? "+amx" : "", awq_cpu_max_threads());
         return key;
     }
     char name[80];

@@ -98,6 +98,9 @@ def test_first_call_tunes_then_hits(cache_dir, rng):
     assert entry["K"] == 256 and entry["N"] == 512 and entry["G"] == 128
     assert entry["scales_dtype"] == entry["out_dtype"] == "float16"
     assert entry["kernel"] == "cpu" and entry["us"] > 0 and entry["device"].startswith("cpu ")
+    info = awq.build_info()
+    simd = entry["device"].split()[2]  # "cpu <machine> <simd>[+amx] <threads>t"
+    assert simd == info["cpu_simd"] + ("+amx" if info["cpu_amx"] else "")
     assert entry["gen"] == CPU_GEN
     text = (cache_dir / "autotune.txt").read_text()
     assert text.startswith(HEADER)
