@@ -92,7 +92,7 @@ typedef enum {
     AWQ_KERNEL_DEQUANT = 8, /* linear: dequantize + the framework's matmul */
     AWQ_KERNEL_GEMV = 9,    /* linear: fused, tensor cores, decode (M <= 32, sm_80+) */
     AWQ_KERNEL_WGMMA = 10,  /* linear: fused, warpgroup tensor cores (wgmma, sm_90a) */
-    AWQ_KERNEL_AMX = 11,    /* linear: fused, host, bfloat16 on AMX tiles */
+    AWQ_KERNEL_AMX = 11,    /* linear: fused, host, half types on AMX tiles */
 } awq_kernel;
 
 #define AWQ_NUM_KERNELS 12

@@ -98,7 +98,7 @@ static const char *device_key(awq_state *st, int device, char *scratch, int *det
     if (device < 0) {
         struct utsname u;
         const char *m = uname(&u) == 0 ? u.machine : "unknown";
-        /* "+amx" where linear's bfloat16 runs on the tiles: picks tuned with
+        /* "+amx" where linear's half types run on the tiles: picks tuned with
          * them are another host's */
         snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s%s %dt", m, awq_cpu_simd(),
                  awq_cpu_amx_ready() ? "+amx" : "", awq_cpu_max_threads());
@@ -261,10 +261,11 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
 #define CPU_FUSED_MAX_M 8
 
 /* The fused configuration when nothing is tuned.  On the host, bfloat16
- * above CPU_FUSED_MAX_M takes the AMX tiles where they run: on a 2-core
- * Sapphire Rapids VM they took 0.1 to 0.2 of the time of dequantize +
- * matmul from M = 16 (4096 x 14336 and 14336 x 4096) up to M = 256, and
- * 0.8 of it at M = 1024; below, the vector kernel is faster. */
+ * and float16 above CPU_FUSED_MAX_M take the AMX tiles where they run: on
+ * a 2-core Sapphire Rapids VM they took 0.1 to 0.4 of the time of
+ * dequantize + matmul from M = 16 (4096 x 14336 and 14336 x 4096) up to M =
+ * 256, and 0.8 of it at M = 1024 (bfloat16); below, the vector kernel is
+ * faster (float16 at M = 16: the same time). */
 static int fused_default(const awq_linear_problem *p, awq_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);

@@ -119,7 +119,7 @@ def test_fused_is_deterministic(rng, dtype):
                                       bits(first))
 
 
-# ---- the host's AMX kernel for bfloat16 (csrc/cpu/amx.c) ----
+# ---- the host's AMX kernel for bfloat16 and float16 (csrc/cpu/amx.c) ----
 
 AMX = awq.build_info()["cpu_amx"]
 needs_amx = pytest.mark.skipif(not AMX, reason="this host (or build) has no AMX tiles")
@@ -132,20 +132,20 @@ def _run_config(x, qw, qz, sc, b, cfg):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cpu_amx_candidates_only_for_bfloat16(rng, dtype):
-    """The tuner tries the AMX kernel for bfloat16 with an even G where the host runs
-    it, after every configuration of the vector kernel."""
-    nd = np_dtype(dtype)
+def test_cpu_amx_candidates_only_for_half_types(rng, dtype):
+    """The tuner tries the AMX kernel for bfloat16 and float16 with an even G where the
+    host runs it, after every configuration of the vector kernel."""
     for G, M in ((64, 3), (64, 40), (21, 3)):
         x, qw, qz, sc, _ = linear_problem(rng, M, 126 if G == 21 else 256, 64, G, dtype)
         kernels = [c["kernel"] for c in _C._dev.linear_candidates(x, qw, qz, sc)]
-        amx = AMX and nd == np_dtype("bfloat16") and G % 2 == 0
+        amx = AMX and dtype != "float32" and G % 2 == 0
         assert ("amx" in kernels) == amx
         assert kernels == sorted(kernels, key=lambda k: k == "amx")
 
 
 @needs_amx
-def test_cpu_amx_every_config_within_tolerance_and_the_same_bits():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cpu_amx_every_config_within_tolerance_and_the_same_bits(dtype):
     """Every configuration of the AMX kernel: within the tolerance, and the same bits
     as each other (the order of each sum is the problem's alone).  Tails of the 16-row
     and 16- and 64-column tiles, several 256-row blocks of the sum, G = 8 and G = K,
@@ -153,7 +153,7 @@ def test_cpu_amx_every_config_within_tolerance_and_the_same_bits():
     rng = np.random.default_rng(5)
     for M, K, N, G in [(1, 64, 8, 64), (17, 256, 136, 128), (40, 640, 520, 128),
                        (3, 200, 40, 8), (260, 256, 72, 64)]:
-        x, qw, qz, sc, b = linear_problem(rng, M, K, N, G, "bfloat16")
+        x, qw, qz, sc, b = linear_problem(rng, M, K, N, G, dtype)
         first = _run_config(x, qw, qz, sc, b, {"kernel": "amx"})
         assert_linear_close(first, x, qw, qz, sc, b)
         cands = [c for c in _C._dev.linear_candidates(x, qw, qz, sc) if c["kernel"] == "amx"]
@@ -162,13 +162,20 @@ def test_cpu_amx_every_config_within_tolerance_and_the_same_bits():
             np.testing.assert_array_equal(bits(_run_config(x, qw, qz, sc, b, cfg)), bits(first))
 
 
+# (dtype, where, a value the tiles do not take): bfloat16 takes zero or a magnitude in
+# [2^-40, 2^41); float16 any finite x and finite scales below 2^12
+OUTSIDE = ([("bfloat16", w, v) for w in ("x", "scales")
+            for v in (2.0**-41, 2.0**41, 2.0**-130, float("inf"), float("nan"))]
+           + [("float16", "x", v) for v in (float("inf"), float("nan"))]
+           + [("float16", "scales", v) for v in (4096.0, -60000.0, float("inf"), float("nan"))])
+
+
 @needs_amx
-@pytest.mark.parametrize("where", ["x", "scales"])
-@pytest.mark.parametrize("value", [2.0**-41, 2.0**41, 2.0**-130, float("inf"), float("nan")])
-def test_cpu_amx_leaves_values_outside_its_range_to_the_vector_kernel(rng, where, value):
-    """A value the tiles would flush or could overflow on (zero or a magnitude in
-    [2^-40, 2^41) is what they take): the call runs the vector kernel, bit for bit."""
-    x, qw, qz, sc, b = linear_problem(rng, 5, 128, 72, 32, "bfloat16")
+@pytest.mark.parametrize("dtype, where, value", OUTSIDE)
+def test_cpu_amx_leaves_values_outside_its_range_to_the_vector_kernel(rng, dtype, where, value):
+    """A value the tiles would flush or could overflow on: the call runs the vector
+    kernel, bit for bit."""
+    x, qw, qz, sc, b = linear_problem(rng, 5, 128, 72, 32, dtype)
     target = x if where == "x" else sc
     target.reshape(-1)[7] = value
     got = _run_config(x, qw, qz, sc, b, {"kernel": "amx"})
@@ -176,17 +183,19 @@ def test_cpu_amx_leaves_values_outside_its_range_to_the_vector_kernel(rng, where
     assert_linear_close(got, x, qw, qz, sc, b)
 
 
-def test_untuned_bfloat16_above_the_fused_m_runs_on_amx(rng, monkeypatch, matmul_calls):
-    """With nothing tuned, bfloat16 above M = 8 takes the AMX kernel where the host
-    runs it (no matmul), else dequantize + matmul."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_untuned_half_types_above_the_fused_m_run_on_amx(rng, monkeypatch, matmul_calls, dtype):
+    """With nothing tuned, bfloat16 and float16 above M = 8 take the AMX kernel where
+    the host runs it (no matmul), else (and float32) dequantize + matmul."""
     monkeypatch.setenv("AWQ_FAST_DEQUANT_AUTOTUNE", "0")
     _C._dev.cache_reload()
-    x, qw, qz, sc, b = linear_problem(rng, 24, 256, 64, 64, "bfloat16")
+    amx = AMX and dtype != "float32"
+    x, qw, qz, sc, b = linear_problem(rng, 24, 256, 64, 64, dtype)
     assert_linear_close(awq.linear(x, qw, qz, sc, b), x, qw, qz, sc, b)
-    assert len(matmul_calls) == (0 if AMX else 1)
-    x8 = linear_problem(rng, 8, 256, 64, 64, "bfloat16")[0]
+    assert len(matmul_calls) == (0 if amx else 1)
+    x8 = linear_problem(rng, 8, 256, 64, 64, dtype)[0]
     assert_linear_close(awq.linear(x8, qw, qz, sc, b), x8, qw, qz, sc, b)
-    assert len(matmul_calls) == (0 if AMX else 1)  # M = 8: the vector kernel
+    assert len(matmul_calls) == (0 if amx else 1)  # M = 8: the vector kernel
 
 
 # The host's dequantize path takes float32 W of torch tensors in slabs of whole groups of at

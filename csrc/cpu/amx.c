@@ -1,16 +1,23 @@
 /*
- * cpu/amx.c -- the fused W4A16 linear for bfloat16 on Intel AMX tiles
- * (DESIGN.md section 7):
+ * cpu/amx.c -- the fused W4A16 linear for bfloat16 and float16 on Intel
+ * AMX tiles (DESIGN.md section 7):
  *
  *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
  *
- * W[k, n] is dequantize's bfloat16 value, round_bf16( float32(q - z) *
+ * W[k, n] is dequantize's value in x's dtype, round( float32(q - z) *
  * float32(s) ), written by AVX-512 code into a small panel in the layout
  * the tiles read (pairs of rows interleaved, "VNNI"), one block of K and a
  * chunk of columns at a time; it stays in the core's caches and is never
  * written to memory as a matrix.  TDPBF16PS multiplies 16 rows of x by 16
  * columns of the panel over 32 rows of K: bfloat16 products, exact in
  * float32, added in float32.
+ *
+ * float16 has no tiles of its own on these cores, so each float16 value v
+ * (x and W) is split into two bfloat16: hi, v with its low 16 bits (as
+ * float32) cleared, and lo = v - hi, exact (v has 11 significant bits, hi
+ * 8, lo the other 3).  x W = xhi Whi + xhi Wlo + xlo Whi + xlo Wlo, each
+ * product exact in float32; the tiles add the first three, and the fourth,
+ * left out, is below 2^-14 |x W|, far inside the tolerance's 2^-9.
  *
  * The order of the sums is fixed by the problem alone, as in cpu/linear.c:
  * K is cut into blocks of AMX_KB rows; each block's partial sum starts at
@@ -23,14 +30,17 @@
  *
  * The tiles read subnormal inputs as zero and flush subnormal results,
  * whatever MXCSR says, so this kernel takes a call only where no subnormal
- * can arise: every x and every scale zero, or finite with a magnitude in
- * [2^-40, 2^41).  Then every product is zero or at least 2^-80 and a
- * multiple of 2^-94, every sum of them is too, and no sum overflows.  A
- * call with any other value runs cpu/linear.c's kernel instead (which
- * depends on the inputs alone, so a call stays deterministic).  The bias
- * is added, and y rounded, in AVX-512 code under the default MXCSR.
+ * can arise.  bfloat16: every x and every scale zero, or finite with a
+ * magnitude in [2^-40, 2^41); then every product is zero or at least 2^-80
+ * and a multiple of 2^-94, every sum of them is too, and no sum overflows.
+ * float16: every x finite, every scale finite and below 2^12 in magnitude
+ * (so that no W overflows); every part of x and W is then zero or a
+ * multiple of 2^-24, every product a multiple of 2^-48.  A call with any
+ * other value runs cpu/linear.c's kernel instead (which depends on the
+ * inputs alone, so a call stays deterministic).  The bias is added, and y
+ * rounded, in AVX-512 code under the default MXCSR.
  *
- * Needs AMX-TILE, AMX-BF16, AVX512-BF16 and AVX512BW, Linux (the tiles'
+ * Needs AMX-TILE, AMX-BF16, AVX512-BF16, AVX512BW and F16C, Linux (the tiles'
  * state is granted per process by arch_prctl), and GCC 11 or Clang 12 for
  * the intrinsics; elsewhere awq_cpu_amx_ready() is 0 and nothing here runs.
  *
@@ -127,7 +137,29 @@ static int bf16_ok(uint16_t h)
     return a == 0 || (e >= AMX_EXP_MIN && e < AMX_EXP_END);
 }
 
-/* 1 when every one of the n values at src is zero or within the range. */
+/* float16 bits: finite, with a magnitude below lim (bits of the magnitude) */
+static int f16_below(uint16_t h, unsigned lim) { return (h & 0x7FFFu) < lim; }
+
+#define F16_INF 0x7C00u   /* the magnitude bits of float16's Inf */
+#define F16_SCALE 0x6C00u /* 2^12: 15 times a scale below it stays finite */
+
+/* 1 when every one of the n float16 values at src is below lim. */
+__attribute__((target("avx512f,avx512bw"))) static int all_below(const uint16_t *src, int64_t n,
+                                                                  unsigned lim)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF), top = _mm512_set1_epi16((short)lim);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        if (_mm512_cmpge_epu16_mask(_mm512_and_si512(_mm512_loadu_si512(src + i), mag), top))
+            return 0;
+    for (; i < n; i++)
+        if (!f16_below(src[i], lim))
+            return 0;
+    return 1;
+}
+
+/* 1 when every one of the n bfloat16 values at src is zero or within the
+ * range. */
 __attribute__((target("avx512f,avx512bw"))) static int all_ok(const uint16_t *src, int64_t n)
 {
     const __m512i mag = _mm512_set1_epi16(0x7FFF);
@@ -147,11 +179,41 @@ __attribute__((target("avx512f,avx512bw"))) static int all_ok(const uint16_t *sr
     return 1;
 }
 
+/* A float16 value (as float32) with its low 16 bits cleared: its hi part,
+ * a bfloat16 value. */
+__attribute__((target("avx512f"))) static inline __m512 hi_part(__m512 v)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+}
+
+/* n float16 values -> their hi and lo parts as bfloat16 (finite values;
+ * the caller checks). */
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) static void
+split_half(const uint16_t *src, int64_t n, uint16_t *hi, uint16_t *lo)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
+        __m512 h = hi_part(v);
+        _mm256_storeu_si256((__m256i *)(hi + i), (__m256i)_mm512_cvtneps_pbh(h));
+        _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, h)));
+    }
+    for (; i < n; i++) {
+        float v = half_to_float(src[i]);
+        uint32_t h = f32_bits(v) & 0xFFFF0000u;
+        hi[i] = (uint16_t)(h >> 16);
+        lo[i] = float_to_bf16(v - bits_f32(h));
+    }
+}
+
 /* ---- one call's plan ---- */
 
 typedef struct {
     const awq_linear_problem *p;
-    const uint16_t *xp; /* [Mp][Kp] x, zero-padded to whole tiles */
+    const uint16_t *xp; /* [Mp][Kp] x (float16: its hi parts), zero-padded to whole tiles */
+    const uint16_t *xlo; /* float16: the same of its lo parts; NULL for bfloat16 */
+    int half;           /* x is float16 */
     int64_t Mp, Kp;     /* M rounded up to 16, K to 32 */
     int64_t nw;         /* columns per work item, a multiple of 64 */
     int64_t chunks;     /* work items along N */
@@ -159,6 +221,7 @@ typedef struct {
 
 typedef struct {
     uint16_t *panel; /* [AMX_KB / 2][nw][2] one block of W, pairs of rows interleaved */
+    uint16_t *lo;    /* float16: the same of W's lo parts */
     float *total;    /* [AMX_MB][nw] the sums so far */
     float *part;     /* [16][64] one tile row's partials */
     float *scale;    /* [nw] the group's scales, in the panel's lane order */
@@ -169,7 +232,7 @@ static size_t round_up(size_t n) { return (n + AMX_ALIGN - 1) / AMX_ALIGN * AMX_
 
 static size_t scratch_bytes(int64_t nw)
 {
-    return round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
+    return 2 * round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
            round_up(16 * 64 * 4) + 2 * round_up((size_t)nw * 4);
 }
 
@@ -177,6 +240,8 @@ static scratch scratch_at(char *mem, int64_t nw)
 {
     scratch s;
     s.panel = (uint16_t *)mem;
+    mem += round_up((size_t)AMX_KB * (size_t)nw * 2);
+    s.lo = (uint16_t *)mem;
     mem += round_up((size_t)AMX_KB * (size_t)nw * 2);
     s.total = (float *)mem;
     mem += round_up((size_t)AMX_MB * nw * 4);
@@ -199,9 +264,11 @@ static scratch scratch_at(char *mem, int64_t nw)
  * laid out in that order, and the final permutation puts the columns back
  * in order, each with its pair of rows.  W = q s - z s in one FMA: q s and
  * z s are exact in float32 (4 by 8 significant bits), and so is their
- * difference (q - z) s, so that this is float32(q - z) * float32(s)
- * except for the sign of a zero, which no sum of the tiles keeps. */
-__attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) static void
+ * difference (q - z) s (float16: 4 by 11), so that this is float32(q -
+ * z) * float32(s) except for the sign of a zero, which no sum of the tiles
+ * keeps.  float16 rounds it to float16 (as dequantize), then splits it in
+ * hi and lo parts, the lo parts into s->lo. */
+__attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) static void
 panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
@@ -227,19 +294,20 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
             if (n < cols) {
                 uint32_t zw = p->qzeros[g * words + (n0 + n) / 8];
                 zv = (float)(zw >> (4 * AWQ_NIBBLE(n % 8)) & 0xFu);
-                sv = load_scale(scales, g * p->N + n0 + n, AWQ_BF16);
+                sv = load_scale(scales, g * p->N + n0 + n, p->dtype);
             }
             s->scale[lane] = sv;
-            s->zs[lane] = zv * sv; /* exact: 4 by 8 significant bits */
+            s->zs[lane] = zv * sv; /* exact: 4 by 8 (float16: 11) significant bits */
         }
         for (int64_t t = 0; t < nw / 16; t++) {
             const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
             const __m512 sv = _mm512_load_ps(s->scale + 16 * t);
             const __m512 zs = _mm512_load_ps(s->zs + 16 * t);
             const uint32_t *q = p->qweight + k * words + n0 / 8 + 2 * t;
-            uint16_t *o = s->panel + (k - k0) / 2 * nw * 2 + 32 * t;
+            const int64_t at = (k - k0) / 2 * nw * 2 + 32 * t;
+            uint16_t *o = s->panel + at, *olo = s->lo + at;
             /* G is even (awq_cpu_linear_amx), so rows k and k + 1 share the group */
-            for (int64_t kk = k; kk < ge; kk += 2, q += 2 * words, o += nw * 2) {
+            for (int64_t kk = k; kk < ge; kk += 2, q += 2 * words, o += nw * 2, olo += nw * 2) {
                 uint64_t w0, w1;
                 if (left >= 2) {
                     memcpy(&w0, q, 8);
@@ -252,15 +320,30 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
     _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(                                    \
                         _mm512_srlv_epi32(_mm512_set1_epi64((long long)(w)), shifts), nib)), \
                     sv, zs)
-                __m512i two = (__m512i)_mm512_cvtne2ps_pbh(AMX_ROW(w1), AMX_ROW(w0));
+                __m512 v0 = AMX_ROW(w0), v1 = AMX_ROW(w1);
 #undef AMX_ROW
+                if (pl->half) {
+                    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                    v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, rn));
+                    v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, rn));
+                    const __m512 h0 = hi_part(v0), h1 = hi_part(v1);
+                    __m512i two = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1),
+                                                               _mm512_sub_ps(v0, h0));
+                    _mm512_store_si512(olo, _mm512_permutexvar_epi16(pairs, two));
+                    v0 = h0;
+                    v1 = h1;
+                }
+                __m512i two = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
                 _mm512_store_si512(o, _mm512_permutexvar_epi16(pairs, two));
             }
         }
         k = ge;
     }
-    if (k1 > kend) /* K's padding to whole tiles */
+    if (k1 > kend) { /* K's padding to whole tiles */
         memset(s->panel + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
+        if (pl->half)
+            memset(s->lo + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
+    }
 }
 
 /* ---- the tiles ---- */
@@ -281,7 +364,9 @@ __attribute__((target("amx-tile"))) static void tiles_on(void) { _tile_loadconfi
 __attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
 
 /* Rows [r0, r0 + 16) of x times the panel's rows [k0, k1) (x's columns),
- * 64 columns from c0: the block's partial sums into part[16][64]. */
+ * 64 columns from c0: the block's partial sums into part[16][64].
+ * float16: per 32 rows of K and tile of 16 columns, xhi Whi, xhi Wlo and
+ * xlo Whi in that order. */
 __attribute__((target("amx-tile,amx-bf16"))) static void
 tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t k0, int64_t k1, int64_t c0)
 {
@@ -292,7 +377,26 @@ tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t k0, int64_t k1,
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t k = k0; k < k1; k += 32, a += 32, b += 16 * nw * 2) {
+    if (pl->half) {
+        const uint16_t *alo = pl->xlo + r0 * pl->Kp + k0, *blo = s->lo + c0 * 2;
+        for (int64_t k = k0; k < k1; k += 32, a += 32, alo += 32, b += 16 * nw * 2,
+                     blo += 16 * nw * 2) {
+            _tile_loadd(4, a, pl->Kp * 2);
+            _tile_loadd(5, alo, pl->Kp * 2);
+#define AMX_HALF_TILE(c, j)                                                                        \
+    _tile_loadd(6, b + 32 * (j), nw * 4);                                                          \
+    _tile_loadd(7, blo + 32 * (j), nw * 4);                                                        \
+    _tile_dpbf16ps(c, 4, 6);                                                                       \
+    _tile_dpbf16ps(c, 4, 7);                                                                       \
+    _tile_dpbf16ps(c, 5, 6)
+            AMX_HALF_TILE(0, 0);
+            AMX_HALF_TILE(1, 1);
+            AMX_HALF_TILE(2, 2);
+            AMX_HALF_TILE(3, 3);
+#undef AMX_HALF_TILE
+        }
+    }
+    for (int64_t k = k0; k < k1 && !pl->half; k += 32, a += 32, b += 16 * nw * 2) {
         _tile_loadd(4, a, pl->Kp * 2);
         _tile_loadd(5, b, nw * 4);
         _tile_dpbf16ps(0, 4, 5);
@@ -322,7 +426,7 @@ __attribute__((target("avx512f"))) static void add_part(const scratch *s, int64_
 }
 
 /* y[m0 + i][n0 + j] = round(total[i][j] + bias[n0 + j]) */
-__attribute__((target("avx512f,avx512bw"))) static void
+__attribute__((target("avx512f,avx512bw,f16c"))) static void
 store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
@@ -332,7 +436,15 @@ store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int6
         const float *t = s->total + (int64_t)i * pl->nw;
         uint16_t *out = y + (m0 + i) * p->N + n0;
         int64_t j = 0;
-        for (; j + 16 <= cols; j += 16) {
+        for (; j + 16 <= cols && pl->half; j += 16) {
+            __m512 v = _mm512_loadu_ps(t + j);
+            if (bias)
+                v = _mm512_add_ps(v, _mm512_cvtph_ps(
+                                         _mm256_loadu_si256((const __m256i *)(bias + n0 + j))));
+            _mm256_storeu_si256((__m256i *)(out + j),
+                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        for (; j + 16 <= cols && !pl->half; j += 16) {
             __m512 v = _mm512_loadu_ps(t + j);
             if (bias)
                 v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -351,8 +463,8 @@ store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int6
         for (; j < cols; j++) {
             float v = t[j];
             if (bias)
-                v += load_scale(bias, n0 + j, AWQ_BF16);
-            out[j] = float_to_bf16(v);
+                v += load_scale(bias, n0 + j, p->dtype);
+            out[j] = pl->half ? float_to_half(v) : float_to_bf16(v);
         }
     }
 }
@@ -399,7 +511,8 @@ static int64_t default_width(int64_t N, int threads)
 
 int awq_cpu_amx_fits(const awq_linear_problem *p)
 {
-    return p->dtype == AWQ_BF16 && p->K > 0 && p->G % 2 == 0 && awq_cpu_amx_ready();
+    return (p->dtype == AWQ_BF16 || p->dtype == AWQ_F16) && p->K > 0 && p->G % 2 == 0 &&
+           awq_cpu_amx_ready();
 }
 
 awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran)
@@ -409,11 +522,13 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
         return AWQ_ERR_CONFIG;
     if (p->M <= 0 || p->N <= 0 || !awq_cpu_amx_fits(p))
         return AWQ_OK;
-    if (!all_ok(p->scales, p->K / p->G * p->N))
+    const int half = p->dtype == AWQ_F16;
+    if (!(half ? all_below(p->scales, p->K / p->G * p->N, F16_SCALE)
+               : all_ok(p->scales, p->K / p->G * p->N)))
         return AWQ_OK;
 
     int threads = awq_cpu_threads(c->threads);
-    plan pl = {.p = p};
+    plan pl = {.p = p, .half = half};
     pl.Mp = (p->M + 15) / 16 * 16;
     pl.Kp = (p->K + 31) / 32 * 32;
     pl.nw = c->chunk > 0 ? c->chunk : default_width(p->N, threads);
@@ -424,30 +539,42 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
     if (threads < 1)
         threads = 1;
 
-    if ((uint64_t)pl.Mp > SIZE_MAX / 4 / (uint64_t)pl.Kp)
+    if ((uint64_t)pl.Mp > SIZE_MAX / 8 / (uint64_t)pl.Kp)
         return AWQ_ERR_NOMEM;
-    const size_t xbytes = round_up((size_t)pl.Mp * (size_t)pl.Kp * 2), per = scratch_bytes(pl.nw);
+    const size_t xone = round_up((size_t)pl.Mp * (size_t)pl.Kp * 2);
+    const size_t xbytes = half ? 2 * xone : xone, per = scratch_bytes(pl.nw);
     if ((size_t)threads > (SIZE_MAX - xbytes) / per)
         return AWQ_ERR_NOMEM;
     char *mem = aligned_alloc(AMX_ALIGN, xbytes + per * (size_t)threads);
     if (mem == NULL)
         return AWQ_ERR_NOMEM;
 
-    /* x, zero-padded to whole tiles, and checked on the way */
-    uint16_t *xp = (uint16_t *)mem;
+    /* x (float16: its hi and lo parts), zero-padded to whole tiles, and
+     * checked on the way */
+    uint16_t *xp = (uint16_t *)mem, *xlo = half ? (uint16_t *)(mem + xone) : NULL;
     const uint16_t *x = p->x;
     int ok = 1;
     for (int64_t m = 0; m < p->M && ok; m++) {
-        memcpy(xp + m * pl.Kp, x + m * p->K, (size_t)p->K * 2);
+        const uint16_t *row = x + m * p->K;
+        if (half) {
+            ok = all_below(row, p->K, F16_INF);
+            split_half(row, p->K, xp + m * pl.Kp, xlo + m * pl.Kp);
+            memset(xlo + m * pl.Kp + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
+        } else {
+            ok = all_ok(row, p->K);
+            memcpy(xp + m * pl.Kp, row, (size_t)p->K * 2);
+        }
         memset(xp + m * pl.Kp + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
-        ok = all_ok(x + m * p->K, p->K);
     }
     if (!ok) {
         free(mem);
         return AWQ_OK;
     }
     memset(xp + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
+    if (half)
+        memset(xlo + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
     pl.xp = xp;
+    pl.xlo = xlo;
     char *scratch_mem = mem + xbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */

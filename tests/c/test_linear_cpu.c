@@ -676,7 +676,8 @@ static void test_products_round_first(void)
 static void test_candidates(void)
 {
     rng_state = 99;
-    problem P = make_problem(3, 256, 200, 128, AWQ_F16, 1, 0);
+    /* float32: the vector kernel's candidates alone (test_amx has the others) */
+    problem P = make_problem(3, 256, 200, 128, AWQ_F32, 1, 0);
     awq_linear_problem p = view(&P);
     awq_config cands[64];
     int n = awq_cpu_linear_candidates(&p, cands, 64);
@@ -799,7 +800,7 @@ static void bench(int reps)
     free(y);
 }
 
-/* ---- the AMX kernel for bfloat16 (csrc/cpu/amx.c) ---- */
+/* ---- the AMX kernel for bfloat16 and float16 (csrc/cpu/amx.c) ---- */
 
 static awq_status run_amx(const problem *P, int threads, int64_t chunk, int *ran)
 {
@@ -811,17 +812,17 @@ static awq_status run_amx(const problem *P, int threads, int64_t chunk, int *ran
 /* A problem whose x or scale (where: 0 x, 1 scales) at index i is v: the
  * tiles take it (ran) or leave it to awq_cpu_linear's kernel, whose bits
  * the AMX configuration then gives. */
-static void amx_value(double v, int where, int expect_ran)
+static void amx_value(awq_dtype t, double v, int where, int expect_ran)
 {
     rng_state = 4242;
-    problem P = make_problem(5, 128, 72, 32, AWQ_BF16, 1, 0);
-    encode(where ? P.sc : P.x, where ? 70 : 200, v, AWQ_BF16);
+    problem P = make_problem(5, 128, 72, 32, t, 1, 0);
+    encode(where ? P.sc : P.x, where ? 70 : 200, v, t);
     size_t bytes = (size_t)(P.M * P.N) * 2;
     int ran = -1;
     CHECK(run_amx(&P, 0, 0, &ran) == AWQ_OK);
     if (ran != expect_ran) {
-        fprintf(stderr, "amx: %s = %g: ran %d, expected %d\n", where ? "scale" : "x", v, ran,
-                expect_ran);
+        fprintf(stderr, "amx: %s %s = %g: ran %d, expected %d\n", awq_dtype_name(t),
+                where ? "scale" : "x", v, ran, expect_ran);
         CHECK(0);
     }
     awq_linear_problem p = view(&P);
@@ -833,7 +834,7 @@ static void amx_value(double v, int where, int expect_ran)
         void *got = xmalloc(bytes);
         memcpy(got, P.y, bytes);
         CHECK(run(&P, 0, 0) == AWQ_OK);
-        CHECK(same_bits(got, P.y, P.M * P.N, AWQ_BF16));
+        CHECK(same_bits(got, P.y, P.M * P.N, t));
         free(got);
     }
     free_problem(&P);
@@ -853,24 +854,30 @@ static void test_amx(void)
         CHECK(awq_cpu_linear(&p, &bad[i]) == AWQ_ERR_CONFIG);
     }
     /* the AMX candidates: its default, then its grid, after all of the
-     * vector kernel's (which float16 gets alone) */
-    awq_config cands[64], half[64];
-    awq_linear_problem p16 = p;
-    p16.dtype = AWQ_F16;
-    const int n = awq_cpu_linear_candidates(&p, cands, 64);
-    const int n16 = awq_cpu_linear_candidates(&p16, half, 64);
-    for (int i = 0; i < n16; i++)
-        CHECK(half[i].kernel == AWQ_KERNEL_CPU && cands[i].kernel == AWQ_KERNEL_CPU);
-    for (int i = n16; i < n; i++) {
-        CHECK(cands[i].kernel == AWQ_KERNEL_AMX);
-        CHECK(i == n16 ? cands[i].threads == 0 && cands[i].chunk == 0
-                       : cands[i].chunk >= 128 && cands[i].chunk <= 1024 && cands[i].threads >= 1);
+     * vector kernel's (which float32 gets alone) */
+    awq_config cands[64], single[64];
+    awq_linear_problem p32 = p;
+    p32.dtype = AWQ_F32;
+    const int n32 = awq_cpu_linear_candidates(&p32, single, 64);
+    for (int d = 0; d < 2; d++) {
+        awq_linear_problem pd = p;
+        pd.dtype = d ? AWQ_F16 : AWQ_BF16;
+        const int n = awq_cpu_linear_candidates(&pd, cands, 64);
+        for (int i = 0; i < n32; i++)
+            CHECK(single[i].kernel == AWQ_KERNEL_CPU && cands[i].kernel == AWQ_KERNEL_CPU);
+        for (int i = n32; i < n; i++) {
+            CHECK(cands[i].kernel == AWQ_KERNEL_AMX);
+            CHECK(i == n32 ? cands[i].threads == 0 && cands[i].chunk == 0
+                           : cands[i].chunk >= 128 && cands[i].chunk <= 1024 &&
+                                 cands[i].threads >= 1);
+        }
+        CHECK(awq_cpu_amx_ready() ? n > n32 + 1 : n == n32);
     }
-    CHECK(awq_cpu_amx_ready() ? n > n16 + 1 : n == n16);
     free_problem(&P);
     if (!awq_cpu_amx_ready()) {
         printf("amx: no AMX tiles on this host or build; the kernel's own checks skipped\n");
-        amx_value(1.0, 0, 0); /* its configurations still run awq_cpu_linear's kernel */
+        amx_value(AWQ_BF16, 1.0, 0, 0); /* its configurations still run awq_cpu_linear's kernel */
+        amx_value(AWQ_F16, 1.0, 0, 0);
         return;
     }
 
@@ -881,11 +888,12 @@ static void test_amx(void)
                                         {17, 200, 136, 8},  {33, 640, 520, 128}, {2, 260, 56, 130},
                                         {150, 300, 200, 2}, {290, 512, 1096, 64}};
     static const int64_t chunks[] = {64, 128, 1024};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
+        const awq_dtype t = i % 2 ? AWQ_F16 : AWQ_BF16;
         for (int bias = 0; bias < 2; bias++) {
             rng_state = 1000 + 2 * i + (uint64_t)bias;
-            const int64_t *s = shapes[i];
-            problem Q = make_problem(s[0], s[1], s[2], s[3], AWQ_BF16, bias, 0);
+            const int64_t *s = shapes[i / 2];
+            problem Q = make_problem(s[0], s[1], s[2], s[3], t, bias, 0);
             size_t bytes = (size_t)(Q.M * Q.N) * 2;
             int ran = -1;
             CHECK(run_amx(&Q, 0, 0, &ran) == AWQ_OK && ran == 1);
@@ -907,21 +915,38 @@ static void test_amx(void)
         }
     }
 
-    /* the edges of the range the tiles take, in x and in the scales */
+    /* the edges of the values the tiles take, in x and in the scales:
+     * bfloat16 */
     static const double inside[] = {0x1p-40, -0x1p-40, 0x1.fep40, 0.0, -0.0};
     static const double outside[] = {0x1.fep-41, -0x1p-60, 0x1p41, 0x1p-130, NAN, INFINITY};
     for (int where = 0; where < 2; where++) {
         for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++)
-            amx_value(inside[i], where, 1);
+            amx_value(AWQ_BF16, inside[i], where, 1);
         for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
-            amx_value(outside[i], where, 0);
+            amx_value(AWQ_BF16, outside[i], where, 0);
     }
-    /* an odd G goes to awq_cpu_linear's kernel */
+    /* float16: any finite x (subnormal and the largest included); scales
+     * finite and below 2^12 */
+    static const double x_inside[] = {0x1p-24, -0x1.ffcp-15, 65504.0, -0.0};
+    static const double s_inside[] = {0x1p-24, 0x1.ffcp11, -0x1.ffcp11, 0.0};
+    static const double s_outside[] = {4096.0, -65504.0, NAN, -INFINITY};
+    for (size_t i = 0; i < 4; i++) {
+        amx_value(AWQ_F16, x_inside[i], 0, 1);
+        amx_value(AWQ_F16, s_inside[i], 1, 1);
+        amx_value(AWQ_F16, s_outside[i], 1, 0);
+    }
+    amx_value(AWQ_F16, INFINITY, 0, 0);
+    amx_value(AWQ_F16, NAN, 0, 0);
+    /* an odd G, or float32, goes to awq_cpu_linear's kernel */
     rng_state = 31;
     problem O = make_problem(3, 63, 16, 21, AWQ_BF16, 0, 0);
     int ran = -1;
     CHECK(run_amx(&O, 0, 0, &ran) == AWQ_OK && ran == 0);
     free_problem(&O);
+    problem F = make_problem(3, 64, 16, 32, AWQ_F32, 0, 0);
+    ran = -1;
+    CHECK(run_amx(&F, 0, 0, &ran) == AWQ_OK && ran == 0);
+    free_problem(&F);
     printf("amx: checked\n");
 }
 
