@@ -437,41 +437,33 @@ def test_missing_and_extra_arguments(rng):
 # ---- fork ----
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_fork_after_a_linear_call(rng):
+def _same_bits_in_a_forked_child(call):
+    """Runs call() here, then three times in a child forked after it: whether the child
+    got the same bits every time (its exit status, checked here)."""
     from test_robustness import _child_status
-    x, qw, qz, sc, b = linear_problem(rng, 4, 512, 1024, 128, "float16")
-    want = bits(awq.linear(x, qw, qz, sc, b, path="fused"))
+    want = bits(call())
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            same = all(np.array_equal(bits(awq.linear(x, qw, qz, sc, b, path="fused")), want)
-                       for _ in range(3))
-            code = 0 if same else 3
+            code = 0 if all(np.array_equal(bits(call()), want) for _ in range(3)) else 3
         except BaseException:
             code = 2
         os._exit(code)
     assert _child_status(pid, timeout=60) == 0
+
+
+def test_fork_after_a_linear_call(rng):
+    x, qw, qz, sc, b = linear_problem(rng, 4, 512, 1024, 128, "float16")
+    _same_bits_in_a_forked_child(lambda: awq.linear(x, qw, qz, sc, b, path="fused"))
 
 
 @needs_amx
 def test_fork_after_an_amx_call(rng):
     """A child forked after the AMX kernel ran (the tiles' state granted to the parent,
     OpenMP's threads gone) runs it on one thread: the same bits."""
-    from test_robustness import _child_status
     x, qw, qz, sc, b = linear_problem(rng, 20, 512, 1024, 128, "bfloat16")
-    want = bits(_run_config(x, qw, qz, sc, b, {"kernel": "amx"}))
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            same = all(np.array_equal(bits(_run_config(x, qw, qz, sc, b, {"kernel": "amx"})), want)
-                       for _ in range(3))
-            code = 0 if same else 3
-        except BaseException:
-            code = 2
-        os._exit(code)
-    assert _child_status(pid, timeout=60) == 0
+    _same_bits_in_a_forked_child(lambda: _run_config(x, qw, qz, sc, b, {"kernel": "amx"}))
 
 
 # ---- CUDA ----
