@@ -56,18 +56,26 @@ def test_scalar_path_bitexact(tmp_path):
     assert int(r.stdout) == len(DTYPES) ** 2 * len(SWEEP_KG)
 
 
-def _cpu_simd_in_child(tmp_path, scalar):
-    """build_info()["cpu_simd"] of a fresh process (the variable is read once
-    per process) with AWQ_FAST_DEQUANT_CPU_SCALAR unset (None) or set."""
+def _build_info_in_child(tmp_path, key, **variables):
+    """build_info()[key] of a fresh process (the variables are read once per
+    process) with AWQ_FAST_DEQUANT_CPU_SCALAR and AWQ_FAST_DEQUANT_NO_AMX unset,
+    then the given ones (name without the prefix: value) set."""
     env = child_env()
-    env.pop("AWQ_FAST_DEQUANT_CPU_SCALAR", None)
-    if scalar is not None:
-        env["AWQ_FAST_DEQUANT_CPU_SCALAR"] = scalar
+    for name in ("CPU_SCALAR", "NO_AMX"):
+        env.pop("AWQ_FAST_DEQUANT_" + name, None)
+    env.update({"AWQ_FAST_DEQUANT_" + name: value for name, value in variables.items()})
     r = subprocess.run(
-        [sys.executable, "-c", "import awq_fast_dequant as a; print(a.build_info()['cpu_simd'])"],
+        [sys.executable, "-c", f"import awq_fast_dequant as a; print(a.build_info()[{key!r}])"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
+
+
+def _cpu_simd_in_child(tmp_path, scalar):
+    """build_info()["cpu_simd"] of a fresh process with AWQ_FAST_DEQUANT_CPU_SCALAR
+    unset (None) or set."""
+    return _build_info_in_child(tmp_path, "cpu_simd",
+                                **({} if scalar is None else {"CPU_SCALAR": scalar}))
 
 
 @pytest.mark.parametrize("value,forced", [("", False), ("0", False), ("1", True), ("yes", True)])
@@ -77,6 +85,16 @@ def test_cpu_scalar_variable_forces_only_when_on(tmp_path, value, forced):
     if _cpu_simd_in_child(tmp_path, None) == "scalar":
         pytest.skip("this CPU or build has no AVX2 + F16C path")
     assert (_cpu_simd_in_child(tmp_path, value) == "scalar") == forced
+
+
+@pytest.mark.parametrize("value,off", [("", False), ("0", False), ("1", True)])
+def test_no_amx_variable_keeps_the_tiles_off(tmp_path, value, off):
+    """AWQ_FAST_DEQUANT_NO_AMX turns the AMX kernel off, as AWQ_FAST_DEQUANT_CPU_SCALAR
+    does with every vector path."""
+    if _build_info_in_child(tmp_path, "cpu_amx") != "True":
+        pytest.skip("this CPU or build has no AMX tiles")
+    assert _build_info_in_child(tmp_path, "cpu_amx", NO_AMX=value) == str(not off)
+    assert _build_info_in_child(tmp_path, "cpu_amx", CPU_SCALAR="1") == "False"
 
 
 def test_every_half_scale():

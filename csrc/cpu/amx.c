@@ -97,8 +97,12 @@ static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 static void amx_probe(void)
 {
     unsigned a, b, c, d;
-    if (!awq_cpu_use_avx2() || __get_cpuid_max(0, NULL) < 7)
-        return; /* also AWQ_FAST_DEQUANT_CPU_SCALAR set */
+    /* also AWQ_FAST_DEQUANT_CPU_SCALAR set; AWQ_FAST_DEQUANT_NO_AMX keeps the
+     * process from asking for the tiles' state (which grows every signal
+     * frame, so that a signal stack set up later must be larger) */
+    if (!awq_cpu_use_avx2() || awq_env_switch("AWQ_FAST_DEQUANT_NO_AMX") ||
+        __get_cpuid_max(0, NULL) < 7)
+        return;
     __cpuid(1, a, b, c, d);
     if (!(c >> 27 & 1u)) /* OSXSAVE: XGETBV may run */
         return;

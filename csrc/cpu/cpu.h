@@ -42,7 +42,8 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
 /* Rows of x per work item of the AMX kernel. */
 #define AWQ_CPU_AMX_ROWS 256
 /* 1 when this host and build run AMX tiles (and this process was granted
- * their state); 0 with AWQ_FAST_DEQUANT_CPU_SCALAR set. */
+ * their state); 0 with AWQ_FAST_DEQUANT_CPU_SCALAR or AWQ_FAST_DEQUANT_NO_AMX
+ * set (read once). */
 int awq_cpu_amx_ready(void);
 /* 1 when the AMX kernel may take problems of p's kind: bfloat16 or
  * float16, K > 0, G even, and awq_cpu_amx_ready().  (Its values may still send a call to
