@@ -261,11 +261,10 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
 #define CPU_FUSED_MAX_M 8
 
 /* The fused configuration when nothing is tuned.  On the host, bfloat16
- * and float16 above CPU_FUSED_MAX_M take the AMX tiles where they run: on
- * a 2-core Sapphire Rapids VM they took 0.1 to 0.4 of the time of
- * dequantize + matmul from M = 16 (4096 x 14336 and 14336 x 4096) up to M =
- * 256, and 0.8 of it at M = 1024 (bfloat16); below, the vector kernel is
- * faster (float16 at M = 16: the same time). */
+ * and float16 above CPU_FUSED_MAX_M take the AMX tiles where they run,
+ * which beat dequantize + matmul there (a new W of those types is fresh
+ * pages on every call; docs/BENCHMARKS.md); at and below it, the vector
+ * kernel, which needs no dequantized panel. */
 static int fused_default(const awq_linear_problem *p, awq_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
