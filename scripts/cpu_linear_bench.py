@@ -90,10 +90,10 @@ def picked_config(awq, M, K, N, G, dtype):
         if (e["op"], e["K"], e["N"], e["G"], e["M"], e["scales_dtype"]) == \
                 ("linear", K, N, G, bucket, dtype) and e["device"].startswith("cpu") \
                 and e["device"].endswith(suffix):
-            if e["kernel"] != "cpu":
+            if e["kernel"] not in ("cpu", "amx"):
                 return f"the defaults (the cache holds kernel {e['kernel']!r} for auto)"
-            return (f"threads={e['threads'] or 'all'} chunk={e['chunk'] or 'default'} "
-                    f"(autotune cache, gen {e['gen']})")
+            return (f"kernel={e['kernel']} threads={e['threads'] or 'all'} "
+                    f"chunk={e['chunk'] or 'default'} (autotune cache, gen {e['gen']})")
     return "unknown (no autotune cache entry)"
 
 

@@ -81,6 +81,9 @@ enum {
     AMX_ALIGN = 64,
 };
 
+/* float32 -> float16 rounding: to nearest even (an immediate operand) */
+#define AMX_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 /* The magnitudes a tile may read: zero, or [2^-40, 2^41) (bfloat16
  * exponent fields 87 to 167). */
 #define AMX_EXP_MIN 87
@@ -327,9 +330,8 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                 __m512 v0 = AMX_ROW(w0), v1 = AMX_ROW(w1);
 #undef AMX_ROW
                 if (pl->half) {
-                    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                    v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, rn));
-                    v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, rn));
+                    v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, AMX_NEAREST));
+                    v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, AMX_NEAREST));
                     const __m512 h0 = hi_part(v0), h1 = hi_part(v1);
                     __m512i two = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1),
                                                                _mm512_sub_ps(v0, h0));
@@ -445,8 +447,7 @@ store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int6
             if (bias)
                 v = _mm512_add_ps(v, _mm512_cvtph_ps(
                                          _mm256_loadu_si256((const __m256i *)(bias + n0 + j))));
-            _mm256_storeu_si256((__m256i *)(out + j),
-                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm256_storeu_si256((__m256i *)(out + j), _mm512_cvtps_ph(v, AMX_NEAREST));
         }
         for (; j + 16 <= cols && !pl->half; j += 16) {
             __m512 v = _mm512_loadu_ps(t + j);
