@@ -269,24 +269,28 @@ static scratch scratch_at(char *mem, int64_t nw)
  * broadcast: lane 2i holds column i (the first word's nibble REVERSE[i])
  * and lane 2i + 1 column 8 + i, so the group's zero points and scales are
  * laid out in that order, and the final permutation puts the columns back
- * in order, each with its pair of rows.  W = q s - z s in one FMA: q s and
- * z s are exact in float32 (4 by 8 significant bits), and so is their
- * difference (q - z) s (float16: 4 by 11), so that this is float32(q -
- * z) * float32(s) except for the sign of a zero, which no sum of the tiles
- * keeps.  float16 rounds it to float16 (as dequantize), then splits it in
- * hi and lo parts, the lo parts into s->lo. */
+ * in order, each with its pair of rows.  A lane rotates its nibble to
+ * bits 16-19 and sets the exponent of 128 above it (one ternary-logic
+ * operation): the float32 128 + q, without a conversion.  Then W = (128 +
+ * q) s - (128 + z) s in one FMA: the product is exact inside it, (128 + z)
+ * s is exact in float32 (8 by 8 significant bits; float16: 8 by 11), and so
+ * is the difference (q - z) s, so that this is float32(q - z) * float32(s)
+ * except for the sign of a zero, which no sum of the tiles keeps.  float16
+ * rounds it to float16 (as dequantize), then splits it in hi and lo parts,
+ * the lo parts into s->lo. */
 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) static void
 panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t words = p->N / 8, cw = cols / 8, nw = pl->nw, K = p->K;
     const uint16_t *scales = p->scales;
-#define AMX_SHIFT(j) 4 * AWQ_NIBBLE(j), 4 * AWQ_NIBBLE(j) /* lanes 2j and 2j + 1 */
-    static const int32_t SHIFTS[16] = {AMX_SHIFT(0), AMX_SHIFT(1), AMX_SHIFT(2), AMX_SHIFT(3),
-                                       AMX_SHIFT(4), AMX_SHIFT(5), AMX_SHIFT(6), AMX_SHIFT(7)};
-#undef AMX_SHIFT
-    const __m512i shifts = _mm512_loadu_si512(SHIFTS);
-    const __m512i nib = _mm512_set1_epi32(0xF);
+    /* lanes 2j and 2j + 1: nibble REVERSE[j] to bits 16-19 */
+#define AMX_ROT(j) (16 - 4 * AWQ_NIBBLE(j)) & 31, (16 - 4 * AWQ_NIBBLE(j)) & 31
+    static const int32_t ROTS[16] = {AMX_ROT(0), AMX_ROT(1), AMX_ROT(2), AMX_ROT(3),
+                                     AMX_ROT(4), AMX_ROT(5), AMX_ROT(6), AMX_ROT(7)};
+#undef AMX_ROT
+    const __m512i rots = _mm512_loadu_si512(ROTS);
+    const __m512i nib = _mm512_set1_epi32(0xF0000), f128 = _mm512_set1_epi32(0x43000000);
     /* 16 bfloat16 of row k (lane order), then 16 of row k + 1 -> for column
      * n = 0..15: row k, row k + 1; column n < 8 is lane 2n, n >= 8 lane 2n - 15 */
     const __m512i pairs =
@@ -304,7 +308,7 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                 sv = load_scale(scales, g * p->N + n0 + n, p->dtype);
             }
             s->scale[lane] = sv;
-            s->zs[lane] = zv * sv; /* exact: 4 by 8 (float16: 11) significant bits */
+            s->zs[lane] = (128.0f + zv) * sv; /* exact: 8 by 8 (float16: 11) significant bits */
         }
         for (int64_t t = 0; t < nw / 16; t++) {
             const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
@@ -323,10 +327,12 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                     w0 = left == 1 ? q[0] : 0;
                     w1 = left == 1 ? q[words] : 0;
                 }
+/* (rotated & nib) | f128, 0xEA the truth table of A & B | C */
 #define AMX_ROW(w)                                                                           \
-    _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(                                    \
-                        _mm512_srlv_epi32(_mm512_set1_epi64((long long)(w)), shifts), nib)), \
-                    sv, zs)
+    _mm512_fmsub_ps(                                                                        \
+        _mm512_castsi512_ps(_mm512_ternarylogic_epi32(                                      \
+            _mm512_rolv_epi32(_mm512_set1_epi64((long long)(w)), rots), nib, f128, 0xEA)),  \
+        sv, zs)
                 __m512 v0 = AMX_ROW(w0), v1 = AMX_ROW(w1);
 #undef AMX_ROW
                 if (pl->half) {
