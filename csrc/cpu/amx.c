@@ -40,7 +40,7 @@
  * inputs alone, so a call stays deterministic).  The bias is added, and y
  * rounded, in AVX-512 code under the default MXCSR.
  *
- * Needs AMX-TILE, AMX-BF16, AVX512-BF16, AVX512BW and F16C, Linux (the tiles'
+ * Needs AMX-TILE, AMX-BF16, AVX512-BF16, AVX512BW, AVX512VL and F16C, Linux (the tiles'
  * state is granted per process by arch_prctl), and GCC 11 or Clang 12 for
  * the intrinsics; elsewhere awq_cpu_amx_ready() is 0 and nothing here runs.
  *
@@ -110,7 +110,7 @@ static void amx_probe(void)
     if (!(c >> 27 & 1u)) /* OSXSAVE: XGETBV may run */
         return;
     __cpuid_count(7, 0, a, b, c, d);
-    const int avx512 = (b >> 16 & 1u) && (b >> 30 & 1u); /* AVX512F, AVX512BW */
+    const int avx512 = (b >> 16 & 1u) && (b >> 30 & 1u) && (b >> 31 & 1u); /* F, BW, VL */
     const int tiles = (d >> 22 & 1u) && (d >> 24 & 1u);  /* AMX-BF16, AMX-TILE */
     __cpuid_count(7, 1, a, b, c, d);
     const int bf16 = a >> 5 & 1u; /* AVX512_BF16 */
@@ -231,8 +231,6 @@ typedef struct {
     uint16_t *lo;    /* float16: the same of W's lo parts */
     float *total;    /* [AMX_MB][nw] the sums so far */
     float *part;     /* [16][64] one tile row's partials */
-    float *scale;    /* [nw] the group's scales, in the panel's lane order */
-    float *zs;       /* [nw] zero point times scale, the same order */
 } scratch;
 
 static size_t round_up(size_t n) { return (n + AMX_ALIGN - 1) / AMX_ALIGN * AMX_ALIGN; }
@@ -240,7 +238,7 @@ static size_t round_up(size_t n) { return (n + AMX_ALIGN - 1) / AMX_ALIGN * AMX_
 static size_t scratch_bytes(int64_t nw)
 {
     return 2 * round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
-           round_up(16 * 64 * 4) + 2 * round_up((size_t)nw * 4);
+           round_up(16 * 64 * 4);
 }
 
 static scratch scratch_at(char *mem, int64_t nw)
@@ -253,9 +251,6 @@ static scratch scratch_at(char *mem, int64_t nw)
     s.total = (float *)mem;
     mem += round_up((size_t)AMX_MB * nw * 4);
     s.part = (float *)mem;
-    mem += round_up(16 * 64 * 4);
-    s.scale = (float *)mem;
-    s.zs = (float *)(mem + round_up((size_t)nw * 4));
     return s;
 }
 
@@ -278,7 +273,7 @@ static scratch scratch_at(char *mem, int64_t nw)
  * except for the sign of a zero, which no sum of the tiles keeps.  float16
  * rounds it to float16 (as dequantize), then splits it in hi and lo parts,
  * the lo parts into s->lo. */
-__attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"))) static void
 panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
@@ -291,6 +286,13 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
 #undef AMX_ROT
     const __m512i rots = _mm512_loadu_si512(ROTS);
     const __m512i nib = _mm512_set1_epi32(0xF0000), f128 = _mm512_set1_epi32(0x43000000);
+    /* two packed words (w: 64 bits) -> 128 + their 16 values, in lane order:
+     * (rotated & nib) | f128, 0xEA being the truth table of A & B | C */
+#define AMX_128_PLUS(w)                                                                      \
+    _mm512_castsi512_ps(_mm512_ternarylogic_epi32(                                          \
+        _mm512_rolv_epi32(_mm512_set1_epi64((long long)(w)), rots), nib, f128, 0xEA))
+    /* column order -> lane order: lane 2i column i, lane 2i + 1 column 8 + i */
+    const __m512i lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     /* 16 bfloat16 of row k (lane order), then 16 of row k + 1 -> for column
      * n = 0..15: row k, row k + 1; column n < 8 is lane 2n, n >= 8 lane 2n - 15 */
     const __m512i pairs =
@@ -299,21 +301,24 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
     const int64_t kend = k1 < K ? k1 : K;
     for (int64_t k = k0; k < kend;) {
         const int64_t g = k / p->G, ge = (g + 1) * p->G < kend ? (g + 1) * p->G : kend;
-        for (int64_t n = 0; n < nw; n++) { /* column n at lane order position */
-            const int64_t t = n / 16, i = n % 16, lane = 16 * t + (i < 8 ? 2 * i : 2 * (i - 8) + 1);
-            float sv = 0.0f, zv = 0.0f;
-            if (n < cols) {
-                uint32_t zw = p->qzeros[g * words + (n0 + n) / 8];
-                zv = (float)(zw >> (4 * AWQ_NIBBLE(n % 8)) & 0xFu);
-                sv = load_scale(scales, g * p->N + n0 + n, p->dtype);
-            }
-            s->scale[lane] = sv;
-            s->zs[lane] = (128.0f + zv) * sv; /* exact: 8 by 8 (float16: 11) significant bits */
-        }
         for (int64_t t = 0; t < nw / 16; t++) {
             const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
-            const __m512 sv = _mm512_load_ps(s->scale + 16 * t);
-            const __m512 zs = _mm512_load_ps(s->zs + 16 * t);
+            /* the group's scales and zero points in lane order; columns past
+             * cols get a scale of 0, and so a W of 0 */
+            const __mmask16 valid = left >= 2 ? 0xFFFF : left == 1 ? 0x00FF : 0;
+            const __m256i s16 = _mm256_maskz_loadu_epi16(valid, scales + g * p->N + n0 + 16 * t);
+            const __m512 s32 =
+                pl->half ? _mm512_cvtph_ps(s16) /* bfloat16: the float32's top half */
+                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(s16), 16));
+            const __m512 sv = _mm512_permutexvar_ps(lanes, s32);
+            const uint32_t *zq = p->qzeros + g * words + n0 / 8 + 2 * t;
+            uint64_t zw = 0;
+            if (left >= 2)
+                memcpy(&zw, zq, 8);
+            else if (left == 1)
+                zw = zq[0];
+            /* (128 + z) s: exact, 8 by 8 (float16: 11) significant bits */
+            const __m512 zs = _mm512_mul_ps(AMX_128_PLUS(zw), sv);
             const uint32_t *q = p->qweight + k * words + n0 / 8 + 2 * t;
             const int64_t at = (k - k0) / 2 * nw * 2 + 32 * t;
             uint16_t *o = s->panel + at, *olo = s->lo + at;
@@ -327,14 +332,8 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                     w0 = left == 1 ? q[0] : 0;
                     w1 = left == 1 ? q[words] : 0;
                 }
-/* (rotated & nib) | f128, 0xEA the truth table of A & B | C */
-#define AMX_ROW(w)                                                                           \
-    _mm512_fmsub_ps(                                                                        \
-        _mm512_castsi512_ps(_mm512_ternarylogic_epi32(                                      \
-            _mm512_rolv_epi32(_mm512_set1_epi64((long long)(w)), rots), nib, f128, 0xEA)),  \
-        sv, zs)
-                __m512 v0 = AMX_ROW(w0), v1 = AMX_ROW(w1);
-#undef AMX_ROW
+                __m512 v0 = _mm512_fmsub_ps(AMX_128_PLUS(w0), sv, zs);
+                __m512 v1 = _mm512_fmsub_ps(AMX_128_PLUS(w1), sv, zs);
                 if (pl->half) {
                     v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, AMX_NEAREST));
                     v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, AMX_NEAREST));
@@ -351,6 +350,7 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
         }
         k = ge;
     }
+#undef AMX_128_PLUS
     if (k1 > kend) { /* K's padding to whole tiles */
         memset(s->panel + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
         if (pl->half)
