@@ -162,6 +162,21 @@ def test_cpu_amx_every_config_within_tolerance_and_the_same_bits(dtype):
             np.testing.assert_array_equal(bits(_run_config(x, qw, qz, sc, b, cfg)), bits(first))
 
 
+@needs_amx
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cpu_amx_identity_rows_give_w_exactly(rng, dtype):
+    """x = the identity through the AMX kernel: y = W, dequantize's values (for float16
+    the sum of each weight's two bfloat16 parts), bit for bit."""
+    K, N, G = 64, 48, 32
+    qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
+    sc[0, :6] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3]
+    sc = sc.astype(np_dtype(dtype))
+    want = as_float64(awq.dequantize(qw, qz, sc))
+    x = np.eye(K, dtype=np.float32).astype(np_dtype(dtype))
+    got = as_float64(_run_config(x, qw, qz, sc, None, {"kernel": "amx"}))
+    np.testing.assert_array_equal(got, want)
+
+
 # (dtype, where, a value the tiles do not take): bfloat16 takes zero or a magnitude in
 # [2^-40, 2^41); float16 any finite x and finite scales below 2^12
 OUTSIDE = ([("bfloat16", w, v) for w in ("x", "scales")
