@@ -96,8 +96,8 @@ static PyObject *dev_linear_config(PyObject *module, PyObject *const *args, Py_s
     awq_kernel kernel;
     if (s == NULL || awq_kernel_parse(s, &kernel) < 0 ||
         !(kernel == AWQ_KERNEL_CPU || kernel >= AWQ_KERNEL_SIMT)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "config['kernel'] must be 'cpu', 'amx', 'simt', 'mma', 'gemv', 'wgmma' or 'dequant'");
+        PyErr_SetString(PyExc_ValueError, "config['kernel'] must be 'cpu', 'amx', 'simt', 'mma', "
+                                          "'gemv', 'wgmma' or 'dequant'");
         return NULL;
     }
     awq_config cfg = {.kernel = (int)kernel};

@@ -68,8 +68,9 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
         "openmp", awq_cpu_has_openmp() ? Py_True : Py_False, "cpu_max_threads",
         awq_cpu_max_threads(), "cuda", awq_cuda_compiled() ? Py_True : Py_False, "cuda_archs",
         archs, "cuda_runtime_version", awq_cuda_runtime_version(), "cpu_simd", awq_cpu_simd(),
-        "cpu_amx", awq_cpu_amx_ready() ? Py_True : Py_False, "numpy_api", NPY_FEATURE_VERSION_STRING, "kernel_generations", "cuda",
-        AWQ_CUDA_KERNELS_GEN, "cpu", AWQ_CPU_KERNELS_GEN);
+        "cpu_amx", awq_cpu_amx_ready() ? Py_True : Py_False, "numpy_api",
+        NPY_FEATURE_VERSION_STRING, "kernel_generations", "cuda", AWQ_CUDA_KERNELS_GEN, "cpu",
+        AWQ_CPU_KERNELS_GEN);
 done:
     Py_DECREF(archs);
     return res;

@@ -55,6 +55,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Columns per work item at most. */
+#define AMX_NW_MAX 1024
+
+/* The configurations the kernel takes, on every build: chunk a multiple
+ * of 64 up to AMX_NW_MAX, or 0. */
+static int config_ok(const awq_config *c)
+{
+    return c->threads >= 0 && c->chunk >= 0 && c->chunk % 64 == 0 && c->chunk <= AMX_NW_MAX;
+}
+
 #if defined(AWQ_X86_DISPATCH) && defined(__linux__) &&                                        \
     ((defined(__clang__) && __clang_major__ >= 12) ||                                          \
      (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
@@ -76,7 +86,6 @@
 enum {
     AMX_KB = 256,      /* rows of K per block of the sum (a multiple of 32) */
     AMX_MB = AWQ_CPU_AMX_ROWS, /* rows of x per work item (a multiple of 16) */
-    AMX_NW_MAX = 1024, /* columns per work item at most */
     AMX_NW_DEFAULT = 512,
     AMX_ALIGN = 64,
 };
@@ -502,15 +511,6 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
     store_y(pl, s, m0, (int)mrows, n0, cols);
 }
 
-/* The floating-point environment of the vector adds: MXCSR's default
- * (round to nearest even, no flush to zero), whatever the caller set. */
-static unsigned fp_enter(void)
-{
-    unsigned old = _mm_getcsr();
-    _mm_setcsr(0x1F80u);
-    return old;
-}
-
 static int64_t default_width(int64_t N, int threads)
 {
     /* AMX_NW_DEFAULT, narrower where N would leave a thread without work */
@@ -529,7 +529,7 @@ int awq_cpu_amx_fits(const awq_linear_problem *p)
 awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran)
 {
     *ran = 0;
-    if (c->threads < 0 || c->chunk < 0 || c->chunk % 64 != 0 || c->chunk > AMX_NW_MAX)
+    if (!config_ok(c))
         return AWQ_ERR_CONFIG;
     if (p->M <= 0 || p->N <= 0 || !awq_cpu_amx_fits(p))
         return AWQ_OK;
@@ -589,26 +589,26 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
     char *scratch_mem = mem + xbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
-        unsigned env = fp_enter();
+        unsigned env = awq_cpu_fp_enter();
         tiles_on();
         scratch s = scratch_at(scratch_mem, pl.nw);
         for (int64_t i = 0; i < items; i++)
             run_item(&pl, &s, i);
         tiles_off();
-        _mm_setcsr(env);
+        awq_cpu_fp_leave(env);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
-            unsigned env = fp_enter();
+            unsigned env = awq_cpu_fp_enter();
             tiles_on();
             scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.nw);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
                 run_item(&pl, &s, i);
             tiles_off();
-            _mm_setcsr(env);
+            awq_cpu_fp_leave(env);
         }
     }
 #endif
@@ -631,9 +631,7 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
 {
     (void)p;
     *ran = 0;
-    if (c->threads < 0 || c->chunk < 0 || c->chunk % 64 != 0 || c->chunk > 1024)
-        return AWQ_ERR_CONFIG;
-    return AWQ_OK;
+    return config_ok(c) ? AWQ_OK : AWQ_ERR_CONFIG;
 }
 
 #endif

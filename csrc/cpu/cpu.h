@@ -18,7 +18,34 @@ extern "C" {
  * attributes and __builtin_cpu_supports. */
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define AWQ_X86_DISPATCH 1
+#include <xmmintrin.h> /* MXCSR */
 #endif
+
+/* The floating-point environment the fused kernels' sums are defined in,
+ * per thread: round to nearest even, subnormals neither flushed nor read as
+ * zero (MXCSR's default).  A caller may have changed its own (PyTorch's
+ * set_flush_denormal does, and threads inherit it), which would change the
+ * bits of sums that pass through the subnormals.  Returns the caller's, for
+ * awq_cpu_fp_leave. */
+static inline unsigned awq_cpu_fp_enter(void)
+{
+#ifdef AWQ_X86_DISPATCH
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(0x1F80u); /* all exceptions masked, round to nearest, no FTZ / DAZ */
+    return old;
+#else
+    return 0;
+#endif
+}
+
+static inline void awq_cpu_fp_leave(unsigned old)
+{
+#ifdef AWQ_X86_DISPATCH
+    _mm_setcsr(old);
+#else
+    (void)old;
+#endif
+}
 
 /* ---- kernels ---- */
 
@@ -46,8 +73,8 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
  * set (read once). */
 int awq_cpu_amx_ready(void);
 /* 1 when the AMX kernel may take problems of p's kind: bfloat16 or
- * float16, K > 0, G even, and awq_cpu_amx_ready().  (Its values may still send a call to
- * awq_cpu_linear's kernel.) */
+ * float16, K > 0, G even, and awq_cpu_amx_ready().  (Its values may still
+ * send a call to awq_cpu_linear's kernel.) */
 int awq_cpu_amx_fits(const awq_linear_problem *p);
 /* The vector path the fused linear takes on this CPU: "avx512f+f16c",
  * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR set to anything
@@ -130,8 +157,8 @@ int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 /* The fused linear's (cpu/linear.c): chunk in {64, 128, ..., 8192} columns
  * of N, each for every block of rows of x.  Every configuration gives the
  * same bits.  For bfloat16 and float16 on a host with AMX tiles (and G
- * even), then the AMX kernel's (cpu/amx.c): chunk in {128, 256, 512, 1024}; its
- * configurations give the same bits as each other. */
+ * even), then the AMX kernel's (cpu/amx.c): chunk in {128, 256, 512,
+ * 1024}; its configurations give the same bits as each other. */
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
 
 /* The ctx of awq_cpu_time: the problem (exactly one of p and lp) and how to

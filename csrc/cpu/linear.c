@@ -42,8 +42,8 @@
  * form that differs without changing a bit), so all of them
  * give the same bits for every chunk size and thread count, in the default
  * floating-point environment that each thread sets for the call
- * (fp_enter).  Blocking the sum also keeps its error near (LINEAR_KB + K /
- * LINEAR_KB) float32 roundings instead of K.
+ * (awq_cpu_fp_enter).  Blocking the sum also keeps its error near
+ * (LINEAR_KB + K / LINEAR_KB) float32 roundings instead of K.
  *
  * Work: the output columns are cut into chunks (c->chunk columns) and the
  * rows of x into blocks of up to LINEAR_MB rows; one work item is one
@@ -914,31 +914,6 @@ static void widen(const plan *pl, const void *src, float *dst, int64_t n, awq_dt
         dst[i] = load_scale(src, i, t);
 }
 
-/* The floating-point environment the sums are defined in, per thread:
- * round to nearest even, subnormals neither flushed nor read as zero
- * (MXCSR's default).  A caller may have changed its own (PyTorch's
- * set_flush_denormal does, and threads inherit it), which would change
- * the bits of sums that pass through the subnormals. */
-static unsigned fp_enter(void)
-{
-#ifdef AWQ_X86_DISPATCH
-    unsigned old = _mm_getcsr();
-    _mm_setcsr(0x1F80u); /* all exceptions masked, round to nearest, no FTZ / DAZ */
-    return old;
-#else
-    return 0;
-#endif
-}
-
-static void fp_leave(unsigned old)
-{
-#ifdef AWQ_X86_DISPATCH
-    _mm_setcsr(old);
-#else
-    (void)old;
-#endif
-}
-
 /* Work item i: chunk i % chunks of the columns, row block i / chunks. */
 static void run_item(const plan *pl, const scratch *s, int64_t i)
 {
@@ -1039,17 +1014,17 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
     char *scratch_mem = mem + xbytes + okbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */
-        unsigned env = fp_enter();
+        unsigned env = awq_cpu_fp_enter();
         scratch s = scratch_at(scratch_mem, pl.width);
         for (int64_t i = 0; i < items; i++)
             run_item(&pl, &s, i);
-        fp_leave(env);
+        awq_cpu_fp_leave(env);
     }
 #ifdef _OPENMP
     else {
 #pragma omp parallel num_threads(threads)
         {
-            unsigned env = fp_enter();
+            unsigned env = awq_cpu_fp_enter();
             scratch s = scratch_at(scratch_mem + per * (size_t)omp_get_thread_num(), pl.width);
             /* dynamic: a core shared with other processes takes fewer
              * items.  The schedule decides only who computes an output
@@ -1057,7 +1032,7 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c)
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < items; i++)
                 run_item(&pl, &s, i);
-            fp_leave(env);
+            awq_cpu_fp_leave(env);
         }
     }
 #endif
