@@ -956,6 +956,132 @@ def test_jit_trace_records_the_op_not_a_constant():
         assert torch.equal(traced(x), layer(x))
 
 
+# --- the module call -----------------------------------------------------------
+
+def python_frames(fn):
+    """The names of the Python functions that fn() enters, in order."""
+    names = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_awq_linear_call_skips_nn_module_only_while_nothing_needs_it():
+    layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
+    with torch.no_grad():
+        frames = python_frames(lambda: layer(x))
+        assert "forward" in frames and "_call_impl" not in frames
+        handle = layer.register_forward_hook(lambda module, args, out: None)
+        assert "_call_impl" in python_frames(lambda: layer(x))
+        handle.remove()
+        assert "_call_impl" not in python_frames(lambda: layer(x))
+
+
+def _hooked(kind, layer, calls):
+    """Registers a hook of this kind on layer (or for every module) that records
+    its call in calls, and changes x or y where it may; returns its handle and
+    what the hooked call gives, from forward and x."""
+    module = nn.modules.module
+    unchanged = lambda forward, x: forward(x)
+    if kind == "forward_pre":
+        return (layer.register_forward_pre_hook(
+            lambda m, args: calls.append(kind) or (args[0] * 2,)),
+            lambda forward, x: forward(x * 2))
+    if kind == "forward_pre_with_kwargs":
+        return (layer.register_forward_pre_hook(
+            lambda m, args, kwargs: calls.append(kind) or ((args[0] * 2,), kwargs),
+            with_kwargs=True), lambda forward, x: forward(x * 2))
+    if kind == "forward":
+        return (layer.register_forward_hook(
+            lambda m, args, out: calls.append(kind) or out + 1),
+            lambda forward, x: forward(x) + 1)
+    if kind == "global_forward_pre":
+        return (module.register_module_forward_pre_hook(
+            lambda m, args: calls.append(kind) if m is layer else None), unchanged)
+    if kind == "global_forward":
+        return (module.register_module_forward_hook(
+            lambda m, args, out: (calls.append(kind) or out - 1) if m is layer else None),
+            lambda forward, x: forward(x) - 1)
+    if kind == "full_backward":
+        return (layer.register_full_backward_hook(
+            lambda m, grad_in, grad_out: calls.append(kind)), unchanged)
+    if kind == "backward_pre":
+        return (layer.register_full_backward_pre_hook(
+            lambda m, grad_out: calls.append(kind)), unchanged)
+    assert kind == "global_backward"
+    return (module.register_module_full_backward_hook(
+        lambda m, grad_in, grad_out: calls.append(kind) if m is layer else None), unchanged)
+
+
+@pytest.mark.parametrize("kind", ["forward_pre", "forward_pre_with_kwargs", "forward",
+                                  "global_forward_pre", "global_forward", "full_backward",
+                                  "backward_pre", "global_backward"])
+def test_awq_linear_hooks_run_as_on_any_module(kind):
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(2, 256, requires_grad=True)
+    calls = []
+    handle, hooked = _hooked(kind, layer, calls)
+    try:
+        y = layer(x)
+        y.sum().backward()
+    finally:
+        handle.remove()
+    assert calls == [kind]
+    assert torch.equal(y, hooked(layer.forward, x)) and x.grad is not None
+
+
+def test_awq_linear_call_honours_a_forward_set_on_the_instance():
+    # accelerate's hooks, for one, put a wrapper of forward on the instance
+    layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
+    original = layer.forward
+    layer.forward = lambda t: original(t) * 3
+    assert torch.equal(layer(x), original(x) * 3)
+
+
+def test_awq_linear_call_takes_a_compiled_call_and_patched_module_calls(monkeypatch):
+    layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
+    layer._compiled_call_impl = lambda *args, **kwargs: "compiled"  # what Module.compile sets
+    assert layer(x) == "compiled"
+    layer._compiled_call_impl = None
+    for name in ("__call__", "_call_impl"):  # torch.fx's tracer patches __call__
+        seen = []
+        unpatched = getattr(nn.Module, name)
+        monkeypatch.setattr(nn.Module, name,
+                            lambda self, *a, f=unpatched, **k: seen.append(self) or f(self, *a, **k))
+        assert torch.equal(layer(x), layer.forward(x)) and layer in seen
+        monkeypatch.undo()
+
+
+def test_awq_linear_module_compile_and_fx_trace():
+    layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
+    with torch.no_grad():
+        want = layer.forward(x)
+        traced = torch.fx.symbolic_trace(nn.Sequential(layer, nn.ReLU()))
+        assert "awq_fast_dequant.linear" in traced.code
+        assert torch.equal(traced(x), torch.relu(want))
+        layer.compile(fullgraph=True)
+        assert layer._compiled_call_impl is not None
+        assert torch.equal(layer(x), want)
+
+
+def test_awq_linear_keeps_nn_module_call_where_torch_keeps_its_hooks_elsewhere():
+    code = ("import torch\n"
+            "del torch.nn.modules.module._global_forward_hooks\n"
+            "from awq_fast_dequant.torch import AWQLinear\n"
+            "print(AWQLinear.__call__ is torch.nn.Module.__call__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env(), cwd="/", check=True)
+    assert out.stdout.strip() == "True"
+
+
 # --- quantize_model -----------------------------------------------------------
 
 class Toy(nn.Module):
