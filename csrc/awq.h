@@ -121,7 +121,7 @@ static inline int awq_kernel_parse(const char *name, awq_kernel *out)
  * which configuration is fastest: autotune entries are keyed by it
  * (autotune/autotune.h), so picks tuned for other kernels are never used. */
 #define AWQ_CUDA_KERNELS_GEN 10
-#define AWQ_CPU_KERNELS_GEN 5
+#define AWQ_CPU_KERNELS_GEN 6
 
 /* CUDA device ordinals the package keeps per-device facts for (device
  * properties, autotune device keys); devices past it work, uncached. */

@@ -98,7 +98,7 @@ static const char *device_key(awq_state *st, int device, char *scratch, int *det
     if (device < 0) {
         struct utsname u;
         const char *m = uname(&u) == 0 ? u.machine : "unknown";
-        /* "+amx" where linear's half types run on the tiles: picks tuned with
+        /* "+amx" where linear runs on the tiles: picks tuned with
          * them are another host's */
         snprintf(key, AWQ_TUNE_DEVICE_LEN, "cpu %s %s%s %dt", m, awq_cpu_simd(),
                  awq_cpu_amx_ready() ? "+amx" : "", awq_cpu_max_threads());
@@ -260,11 +260,10 @@ int awq_cache_dequantize(PyObject *module, const awq_problem *p, awq_config *cfg
 #define CUDA_WGMMA_FUSED_MAX_M 64
 #define CPU_FUSED_MAX_M 8
 
-/* The fused configuration when nothing is tuned.  On the host, bfloat16
- * and float16 above CPU_FUSED_MAX_M take the AMX tiles where they run,
- * which beat dequantize + matmul there (a new W of those types is fresh
- * pages on every call; docs/BENCHMARKS.md); at and below it, the vector
- * kernel, which needs no dequantized panel. */
+/* The fused configuration when nothing is tuned.  On the host, calls
+ * above CPU_FUSED_MAX_M take the AMX tiles where they run, which beat
+ * dequantize + matmul there (docs/BENCHMARKS.md); at and below it, the
+ * vector kernel, which needs no dequantized panel. */
 static int fused_default(const awq_linear_problem *p, awq_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);

@@ -1,6 +1,6 @@
 /*
- * cpu/amx.c -- the fused W4A16 linear for bfloat16 and float16 on Intel
- * AMX tiles (DESIGN.md section 7):
+ * cpu/amx.c -- the fused W4A16 linear for bfloat16, float16 and float32
+ * on Intel AMX tiles (DESIGN.md section 7):
  *
  *     y[m, n] = round( sum_k x[m, k] * W[k, n]  +  bias[n] )
  *
@@ -19,6 +19,16 @@
  * product exact in float32; the tiles add the first three, and the fourth,
  * left out, is below 2^-14 |x W|, far inside the tolerance's 2^-9.
  *
+ * float32 has no tiles either, and its values have 24 significant bits,
+ * so it takes the sum as DESIGN.md's regrouping, s * sum_k (q - z) x per
+ * group: the panel holds q - z, small integers that bfloat16 holds
+ * exactly, and each float32 x is split into three bfloat16 parts, x1 its
+ * top 16 bits, x2 the top 16 bits of x - x1 and x3 = x - x1 - x2, exact
+ * (8 + 8 + 8 significant bits).  Per 32 rows of K the tiles add (q - z)
+ * x1, (q - z) x2 and (q - z) x3, every product exact; each stretch of a
+ * group inside a block of K (below) is summed apart, multiplied by its
+ * scales in one FMA per output and added to the total.
+ *
  * The order of the sums is fixed by the problem alone, as in cpu/linear.c:
  * K is cut into blocks of AMX_KB rows; each block's partial sum starts at
  * +0 in a tile and takes its rows 32 at a time in TDPBF16PS's order; the
@@ -35,7 +45,12 @@
  * and a multiple of 2^-94, every sum of them is too, and no sum overflows.
  * float16: every x finite, every scale finite and below 2^12 in magnitude
  * (so that no W overflows); every part of x and W is then zero or a
- * multiple of 2^-24, every product a multiple of 2^-48.  A call with any
+ * multiple of 2^-24, every product a multiple of 2^-48.  float32: with
+ * ex and es the least binary exponents of a nonzero x and a nonzero scale
+ * and Ex, Es the largest, every part of x is a multiple of 2^(ex - 23), and
+ * so is every product and sum of the tiles, which ex >= -103 keeps zero or
+ * normal; ex + es >= -103 keeps every scaled sum normal, and Ex + Es + 6 +
+ * log2 K <= 127 (with Es at least 0) every sum finite.  A call with any
  * other value runs cpu/linear.c's kernel instead (which depends on the
  * inputs alone, so a call stays deterministic).  The bias is added, and y
  * rounded, in AVX-512 code under the default MXCSR.
@@ -195,6 +210,72 @@ __attribute__((target("avx512f,avx512bw"))) static int all_ok(const uint16_t *sr
     return 1;
 }
 
+/* The least exponent field of a nonzero value and the largest field of
+ * any among n float32 values (a NaN or Inf: 255; a subnormal: 0); lo
+ * stays as it was where every value is zero. */
+__attribute__((target("avx512f"))) static void exponent_range(const float *src, int64_t n,
+                                                               unsigned *lo, unsigned *hi)
+{
+    const __m512i mag = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i vlo = _mm512_set1_epi32((int)*lo), vhi = _mm512_set1_epi32((int)*hi);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
+        __m512i e = _mm512_srli_epi32(a, 23);
+        __mmask16 nz = _mm512_test_epi32_mask(a, a);
+        vlo = _mm512_mask_min_epu32(vlo, nz, vlo, e);
+        vhi = _mm512_max_epu32(vhi, e);
+    }
+    unsigned l = (unsigned)_mm512_reduce_min_epu32(vlo), h = (unsigned)_mm512_reduce_max_epu32(vhi);
+    for (; i < n; i++) {
+        uint32_t a = f32_bits(src[i]) & 0x7FFFFFFFu, e = a >> 23;
+        if (a != 0 && e < l)
+            l = e;
+        if (e > h)
+            h = e;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* n float32 values -> three bfloat16 parts each, x = x1 + x2 + x3 exactly
+ * (values whose parts are normal; the caller checks). */
+__attribute__((target("avx512f,avx512bf16"))) static void
+split_f32(const float *src, int64_t n, uint16_t *x1, uint16_t *x2, uint16_t *x3)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i);
+        __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+        __m512 r = _mm512_sub_ps(v, h);
+        __m512 m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r), top));
+        _mm256_storeu_si256((__m256i *)(x1 + i), (__m256i)_mm512_cvtneps_pbh(h));
+        _mm256_storeu_si256((__m256i *)(x2 + i), (__m256i)_mm512_cvtneps_pbh(m));
+        _mm256_storeu_si256((__m256i *)(x3 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(r, m)));
+    }
+    for (; i < n; i++) {
+        uint32_t h = f32_bits(src[i]) & 0xFFFF0000u;
+        float r = src[i] - bits_f32(h);
+        uint32_t m = f32_bits(r) & 0xFFFF0000u;
+        x1[i] = (uint16_t)(h >> 16);
+        x2[i] = (uint16_t)(m >> 16);
+        x3[i] = float_to_bf16(r - bits_f32(m));
+    }
+}
+
+/* 1 when float32 x with exponent fields [xlo, xhi] and scales with [slo,
+ * shi] (the least of a nonzero value, the largest) keep every product and
+ * sum of the float32 mode zero or normal, and finite (the header). */
+static int f32_range_ok(unsigned xlo, unsigned xhi, unsigned slo, unsigned shi, int64_t K)
+{
+    int lg = 0;
+    while (lg < 63 && ((int64_t)1 << lg) < K)
+        lg++;
+    const int ex = (int)xlo - 127, es = (int)slo - 127, Ex = (int)xhi - 127, Es = (int)shi - 127;
+    return ex >= -103 && ex + es >= -103 && Ex + (Es > 0 ? Es : 0) + 6 + lg <= 127;
+}
+
 /* A float16 value (as float32) with its low 16 bits cleared: its hi part,
  * a bfloat16 value. */
 __attribute__((target("avx512f"))) static inline __m512 hi_part(__m512 v)
@@ -225,11 +306,18 @@ split_half(const uint16_t *src, int64_t n, uint16_t *hi, uint16_t *lo)
 
 /* ---- one call's plan ---- */
 
+typedef enum {
+    AMX_BF16, /* x and W as they are */
+    AMX_HALF, /* float16: hi and lo parts of x and W, three products a term */
+    AMX_F32,  /* float32: three parts of x, the panel q - z, the scales after */
+} amx_mode;
+
 typedef struct {
     const awq_linear_problem *p;
-    const uint16_t *xp; /* [Mp][Kp] x (float16: its hi parts), zero-padded to whole tiles */
-    const uint16_t *xlo; /* float16: the same of its lo parts; NULL for bfloat16 */
-    int half;           /* x is float16 */
+    /* [Mp][Kp] x's parts, zero-padded to whole tiles: bfloat16 x itself,
+     * float16 its hi and lo parts, float32 x1, x2, x3 */
+    const uint16_t *xp[3];
+    amx_mode mode;
     int64_t Mp, Kp;     /* M rounded up to 16, K to 32 */
     int64_t nw;         /* columns per work item, a multiple of 64 */
     int64_t chunks;     /* work items along N */
@@ -281,13 +369,15 @@ static scratch scratch_at(char *mem, int64_t nw)
  * is the difference (q - z) s, so that this is float32(q - z) * float32(s)
  * except for the sign of a zero, which no sum of the tiles keeps.  float16
  * rounds it to float16 (as dequantize), then splits it in hi and lo parts,
- * the lo parts into s->lo. */
+ * the lo parts into s->lo.  float32 writes (128 + q) - (128 + z) = q - z
+ * instead, exact, and leaves the scales to the sums. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"))) static void
 panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t words = p->N / 8, cw = cols / 8, nw = pl->nw, K = p->K;
-    const uint16_t *scales = p->scales;
+    const uint16_t *scales = p->scales; /* float32: unused here */
+    const int f32 = pl->mode == AMX_F32, half = pl->mode == AMX_HALF;
     /* lanes 2j and 2j + 1: nibble REVERSE[j] to bits 16-19 */
 #define AMX_ROT(j) (16 - 4 * AWQ_NIBBLE(j)) & 31, (16 - 4 * AWQ_NIBBLE(j)) & 31
     static const int32_t ROTS[16] = {AMX_ROT(0), AMX_ROT(1), AMX_ROT(2), AMX_ROT(3),
@@ -313,21 +403,28 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
         for (int64_t t = 0; t < nw / 16; t++) {
             const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
             /* the group's scales and zero points in lane order; columns past
-             * cols get a scale of 0, and so a W of 0 */
-            const __mmask16 valid = left >= 2 ? 0xFFFF : left == 1 ? 0x00FF : 0;
-            const __m256i s16 = _mm256_maskz_loadu_epi16(valid, scales + g * p->N + n0 + 16 * t);
-            const __m512 s32 =
-                pl->half ? _mm512_cvtph_ps(s16) /* bfloat16: the float32's top half */
+             * cols get a scale of 0, and so a W of 0 (float32: no scales;
+             * their zero words give q - z = 0) */
+            __m512 sv = _mm512_setzero_ps();
+            if (!f32) {
+                const __mmask16 valid = left >= 2 ? 0xFFFF : left == 1 ? 0x00FF : 0;
+                const __m256i s16 =
+                    _mm256_maskz_loadu_epi16(valid, scales + g * p->N + n0 + 16 * t);
+                /* bfloat16: the float32's top half */
+                const __m512 s32 =
+                    half ? _mm512_cvtph_ps(s16)
                          : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(s16), 16));
-            const __m512 sv = _mm512_permutexvar_ps(lanes, s32);
+                sv = _mm512_permutexvar_ps(lanes, s32);
+            }
             const uint32_t *zq = p->qzeros + g * words + n0 / 8 + 2 * t;
             uint64_t zw = 0;
             if (left >= 2)
                 memcpy(&zw, zq, 8);
             else if (left == 1)
                 zw = zq[0];
-            /* (128 + z) s: exact, 8 by 8 (float16: 11) significant bits */
-            const __m512 zs = _mm512_mul_ps(AMX_128_PLUS(zw), sv);
+            /* (128 + z) s: exact, 8 by 8 (float16: 11) significant bits;
+             * float32: 128 + z, the panel holding q - z */
+            const __m512 zs = f32 ? AMX_128_PLUS(zw) : _mm512_mul_ps(AMX_128_PLUS(zw), sv);
             const uint32_t *q = p->qweight + k * words + n0 / 8 + 2 * t;
             const int64_t at = (k - k0) / 2 * nw * 2 + 32 * t;
             uint16_t *o = s->panel + at, *olo = s->lo + at;
@@ -341,9 +438,15 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                     w0 = left == 1 ? q[0] : 0;
                     w1 = left == 1 ? q[words] : 0;
                 }
-                __m512 v0 = _mm512_fmsub_ps(AMX_128_PLUS(w0), sv, zs);
-                __m512 v1 = _mm512_fmsub_ps(AMX_128_PLUS(w1), sv, zs);
-                if (pl->half) {
+                __m512 v0, v1;
+                if (f32) { /* q - z, exact */
+                    v0 = _mm512_sub_ps(AMX_128_PLUS(w0), zs);
+                    v1 = _mm512_sub_ps(AMX_128_PLUS(w1), zs);
+                } else {
+                    v0 = _mm512_fmsub_ps(AMX_128_PLUS(w0), sv, zs);
+                    v1 = _mm512_fmsub_ps(AMX_128_PLUS(w1), sv, zs);
+                }
+                if (half) {
                     v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, AMX_NEAREST));
                     v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, AMX_NEAREST));
                     const __m512 h0 = hi_part(v0), h1 = hi_part(v1);
@@ -362,7 +465,7 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
 #undef AMX_128_PLUS
     if (k1 > kend) { /* K's padding to whole tiles */
         memset(s->panel + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
-        if (pl->half)
+        if (half)
             memset(s->lo + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
     }
 }
@@ -384,22 +487,42 @@ static const tile_config TILES = {.palette = 1,
 __attribute__((target("amx-tile"))) static void tiles_on(void) { _tile_loadconfig(&TILES); }
 __attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
 
-/* Rows [r0, r0 + 16) of x times the panel's rows [k0, k1) (x's columns),
- * 64 columns from c0: the block's partial sums into part[16][64].
- * float16: per 32 rows of K and tile of 16 columns, xhi Whi, xhi Wlo and
- * xlo Whi in that order. */
+/* Rows [r0, r0 + 16) of x times the panel's rows [k0, k1) (x's columns;
+ * the panel starts at row kb), 64 columns from c0: their partial sums into
+ * part[16][64].  Per 32 rows of K and tile of 16 columns, float16: xhi Whi,
+ * xhi Wlo and xlo Whi in that order; float32: x1 (q - z), x2 (q - z), x3
+ * (q - z). */
 __attribute__((target("amx-tile,amx-bf16"))) static void
-tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t k0, int64_t k1, int64_t c0)
+tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t kb, int64_t k0, int64_t k1,
+           int64_t c0)
 {
     const int64_t nw = pl->nw;
-    const uint16_t *a = pl->xp + r0 * pl->Kp + k0;
-    const uint16_t *b = s->panel + c0 * 2;
+    const uint16_t *a = pl->xp[0] + r0 * pl->Kp + k0;
+    const uint16_t *b = s->panel + (k0 - kb) * nw + c0 * 2;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    if (pl->half) {
-        const uint16_t *alo = pl->xlo + r0 * pl->Kp + k0, *blo = s->lo + c0 * 2;
+    if (pl->mode == AMX_F32) {
+        const uint16_t *a2 = pl->xp[1] + r0 * pl->Kp + k0, *a3 = pl->xp[2] + r0 * pl->Kp + k0;
+        for (int64_t k = k0; k < k1; k += 32, a += 32, a2 += 32, a3 += 32, b += 16 * nw * 2) {
+            _tile_loadd(4, a, pl->Kp * 2);
+            _tile_loadd(5, a2, pl->Kp * 2);
+            _tile_loadd(6, a3, pl->Kp * 2);
+#define AMX_F32_TILE(c, j)                                                                         \
+    _tile_loadd(7, b + 32 * (j), nw * 4);                                                          \
+    _tile_dpbf16ps(c, 4, 7);                                                                       \
+    _tile_dpbf16ps(c, 5, 7);                                                                       \
+    _tile_dpbf16ps(c, 6, 7)
+            AMX_F32_TILE(0, 0);
+            AMX_F32_TILE(1, 1);
+            AMX_F32_TILE(2, 2);
+            AMX_F32_TILE(3, 3);
+#undef AMX_F32_TILE
+        }
+    } else if (pl->mode == AMX_HALF) {
+        const uint16_t *alo = pl->xp[1] + r0 * pl->Kp + k0;
+        const uint16_t *blo = s->lo + (k0 - kb) * nw + c0 * 2;
         for (int64_t k = k0; k < k1; k += 32, a += 32, alo += 32, b += 16 * nw * 2,
                      blo += 16 * nw * 2) {
             _tile_loadd(4, a, pl->Kp * 2);
@@ -417,7 +540,7 @@ tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t k0, int64_t k1,
 #undef AMX_HALF_TILE
         }
     }
-    for (int64_t k = k0; k < k1 && !pl->half; k += 32, a += 32, b += 16 * nw * 2) {
+    for (int64_t k = k0; k < k1 && pl->mode == AMX_BF16; k += 32, a += 32, b += 16 * nw * 2) {
         _tile_loadd(4, a, pl->Kp * 2);
         _tile_loadd(5, b, nw * 4);
         _tile_dpbf16ps(0, 4, 5);
@@ -446,6 +569,28 @@ __attribute__((target("avx512f"))) static void add_part(const scratch *s, int64_
     }
 }
 
+/* float32: total[r .. r + 16)[c0 .. c0 + 64) += part * the scales of
+ * group g, one FMA an output; columns from cols on take a scale of 0 */
+__attribute__((target("avx512f"))) static void
+scale_part(const plan *pl, const scratch *s, int64_t r, int64_t c0, int64_t g, int64_t n0,
+           int64_t cols)
+{
+    const float *sc = (const float *)pl->p->scales + g * pl->p->N + n0 + c0;
+    __m512 sv[4];
+    for (int j = 0; j < 4; j++) {
+        const int64_t left = cols - c0 - 16 * j;
+        const __mmask16 m = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        sv[j] = _mm512_maskz_loadu_ps(m, sc + 16 * j);
+    }
+    for (int i = 0; i < 16; i++) {
+        float *t = s->total + (r + i) * pl->nw + c0;
+        const float *part = s->part + i * 64;
+        for (int j = 0; j < 4; j++)
+            _mm512_storeu_ps(t + 16 * j, _mm512_fmadd_ps(_mm512_loadu_ps(part + 16 * j), sv[j],
+                                                         _mm512_loadu_ps(t + 16 * j)));
+    }
+}
+
 /* y[m0 + i][n0 + j] = round(total[i][j] + bias[n0 + j]) */
 __attribute__((target("avx512f,avx512bw,f16c"))) static void
 store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int64_t cols)
@@ -453,18 +598,30 @@ store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int6
     const awq_linear_problem *p = pl->p;
     const uint16_t *bias = p->bias;
     uint16_t *y = p->y;
-    for (int i = 0; i < rows; i++) {
+    const int half = pl->mode == AMX_HALF;
+    for (int i = 0; i < rows && pl->mode == AMX_F32; i++) {
+        const float *t = s->total + (int64_t)i * pl->nw, *fb = p->bias;
+        float *out = (float *)p->y + (m0 + i) * p->N + n0;
+        int64_t j = 0;
+        for (; j + 16 <= cols; j += 16) {
+            __m512 v = _mm512_loadu_ps(t + j);
+            _mm512_storeu_ps(out + j, fb ? _mm512_add_ps(v, _mm512_loadu_ps(fb + n0 + j)) : v);
+        }
+        for (; j < cols; j++)
+            out[j] = fb ? t[j] + fb[n0 + j] : t[j];
+    }
+    for (int i = 0; i < rows && pl->mode != AMX_F32; i++) {
         const float *t = s->total + (int64_t)i * pl->nw;
         uint16_t *out = y + (m0 + i) * p->N + n0;
         int64_t j = 0;
-        for (; j + 16 <= cols && pl->half; j += 16) {
+        for (; j + 16 <= cols && half; j += 16) {
             __m512 v = _mm512_loadu_ps(t + j);
             if (bias)
                 v = _mm512_add_ps(v, _mm512_cvtph_ps(
                                          _mm256_loadu_si256((const __m256i *)(bias + n0 + j))));
             _mm256_storeu_si256((__m256i *)(out + j), _mm512_cvtps_ph(v, AMX_NEAREST));
         }
-        for (; j + 16 <= cols && !pl->half; j += 16) {
+        for (; j + 16 <= cols && !half; j += 16) {
             __m512 v = _mm512_loadu_ps(t + j);
             if (bias)
                 v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -484,7 +641,7 @@ store_y(const plan *pl, const scratch *s, int64_t m0, int rows, int64_t n0, int6
             float v = t[j];
             if (bias)
                 v += load_scale(bias, n0 + j, p->dtype);
-            out[j] = pl->half ? float_to_half(v) : float_to_bf16(v);
+            out[j] = half ? float_to_half(v) : float_to_bf16(v);
         }
     }
 }
@@ -502,11 +659,25 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
     for (int64_t k0 = 0; k0 < pl->Kp; k0 += AMX_KB) {
         const int64_t k1 = k0 + AMX_KB < pl->Kp ? k0 + AMX_KB : pl->Kp;
         panel_block(pl, s, k0, k1, n0, cols);
-        for (int64_t r = 0; r < tiles_m; r++)
-            for (int64_t c = 0; c < tiles_n; c++) {
-                tile_block(pl, s, m0 + 16 * r, k0, k1, 64 * c);
-                add_part(s, nw, 16 * r, 16, 64 * c);
-            }
+        if (pl->mode != AMX_F32) {
+            for (int64_t r = 0; r < tiles_m; r++)
+                for (int64_t c = 0; c < tiles_n; c++) {
+                    tile_block(pl, s, m0 + 16 * r, k0, k0, k1, 64 * c);
+                    add_part(s, nw, 16 * r, 16, 64 * c);
+                }
+            continue;
+        }
+        /* float32: each stretch of a group in the block apart, the last
+         * group's running on through K's padding */
+        for (int64_t a = k0, e; a < k1; a = e) {
+            const int64_t g = a / p->G;
+            e = (g + 1) * p->G < k1 && (g + 1) * p->G < p->K ? (g + 1) * p->G : k1;
+            for (int64_t r = 0; r < tiles_m; r++)
+                for (int64_t c = 0; c < tiles_n; c++) {
+                    tile_block(pl, s, m0 + 16 * r, k0, a, e, 64 * c);
+                    scale_part(pl, s, 16 * r, 64 * c, g, n0, cols);
+                }
+        }
     }
     store_y(pl, s, m0, (int)mrows, n0, cols);
 }
@@ -522,8 +693,9 @@ static int64_t default_width(int64_t N, int threads)
 
 int awq_cpu_amx_fits(const awq_linear_problem *p)
 {
-    return (p->dtype == AWQ_BF16 || p->dtype == AWQ_F16) && p->K > 0 && p->G % 2 == 0 &&
-           awq_cpu_amx_ready();
+    /* float32 sums each group's stretches apart, 32 rows of K at a time */
+    const int groups_ok = p->dtype != AWQ_F32 || p->G % 32 == 0 || p->G == p->K;
+    return p->K > 0 && p->G % 2 == 0 && groups_ok && awq_cpu_amx_ready();
 }
 
 awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran)
@@ -533,13 +705,21 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
         return AWQ_ERR_CONFIG;
     if (p->M <= 0 || p->N <= 0 || !awq_cpu_amx_fits(p))
         return AWQ_OK;
-    const int half = p->dtype == AWQ_F16;
-    if (!(half ? all_below(p->scales, p->K / p->G * p->N, F16_SCALE)
-               : all_ok(p->scales, p->K / p->G * p->N)))
+    const amx_mode mode = p->dtype == AWQ_F32 ? AMX_F32 : p->dtype == AWQ_F16 ? AMX_HALF : AMX_BF16;
+    const int64_t nscales = p->K / p->G * p->N;
+    if (mode == AMX_F32) {
+        unsigned xlo = 255, xhi = 0, slo = 255, shi = 0;
+        exponent_range(p->scales, nscales, &slo, &shi);
+        exponent_range(p->x, p->M * p->K, &xlo, &xhi);
+        if (!f32_range_ok(xlo, xhi, slo, shi, p->K))
+            return AWQ_OK;
+    } else if (!(mode == AMX_HALF ? all_below(p->scales, nscales, F16_SCALE)
+                                  : all_ok(p->scales, nscales))) {
         return AWQ_OK;
+    }
 
     int threads = awq_cpu_threads(c->threads);
-    plan pl = {.p = p, .half = half};
+    plan pl = {.p = p, .mode = mode};
     pl.Mp = (p->M + 15) / 16 * 16;
     pl.Kp = (p->K + 31) / 32 * 32;
     pl.nw = c->chunk > 0 ? c->chunk : default_width(p->N, threads);
@@ -552,40 +732,45 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
 
     if ((uint64_t)pl.Mp > SIZE_MAX / 8 / (uint64_t)pl.Kp)
         return AWQ_ERR_NOMEM;
+    const int parts = mode == AMX_F32 ? 3 : mode == AMX_HALF ? 2 : 1;
     const size_t xone = round_up((size_t)pl.Mp * (size_t)pl.Kp * 2);
-    const size_t xbytes = half ? 2 * xone : xone, per = scratch_bytes(pl.nw);
+    const size_t xbytes = (size_t)parts * xone, per = scratch_bytes(pl.nw);
     if ((size_t)threads > (SIZE_MAX - xbytes) / per)
         return AWQ_ERR_NOMEM;
     char *mem = aligned_alloc(AMX_ALIGN, xbytes + per * (size_t)threads);
     if (mem == NULL)
         return AWQ_ERR_NOMEM;
 
-    /* x (float16: its hi and lo parts), zero-padded to whole tiles, and
-     * checked on the way */
-    uint16_t *xp = (uint16_t *)mem, *xlo = half ? (uint16_t *)(mem + xone) : NULL;
-    const uint16_t *x = p->x;
+    /* x's parts, zero-padded to whole tiles (bfloat16 and float16 checked
+     * on the way) */
+    uint16_t *xp[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < parts; i++)
+        xp[i] = (uint16_t *)(mem + (size_t)i * xone);
     int ok = 1;
     for (int64_t m = 0; m < p->M && ok; m++) {
-        const uint16_t *row = x + m * p->K;
-        if (half) {
+        const int64_t at = m * pl.Kp;
+        if (mode == AMX_F32) {
+            split_f32((const float *)p->x + m * p->K, p->K, xp[0] + at, xp[1] + at, xp[2] + at);
+        } else if (mode == AMX_HALF) {
+            const uint16_t *row = (const uint16_t *)p->x + m * p->K;
             ok = all_below(row, p->K, F16_INF);
-            split_half(row, p->K, xp + m * pl.Kp, xlo + m * pl.Kp);
-            memset(xlo + m * pl.Kp + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
+            split_half(row, p->K, xp[0] + at, xp[1] + at);
         } else {
+            const uint16_t *row = (const uint16_t *)p->x + m * p->K;
             ok = all_ok(row, p->K);
-            memcpy(xp + m * pl.Kp, row, (size_t)p->K * 2);
+            memcpy(xp[0] + at, row, (size_t)p->K * 2);
         }
-        memset(xp + m * pl.Kp + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
+        for (int i = 0; i < parts; i++)
+            memset(xp[i] + at + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
     }
     if (!ok) {
         free(mem);
         return AWQ_OK;
     }
-    memset(xp + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
-    if (half)
-        memset(xlo + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
-    pl.xp = xp;
-    pl.xlo = xlo;
+    for (int i = 0; i < parts; i++) {
+        memset(xp[i] + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);
+        pl.xp[i] = xp[i];
+    }
     char *scratch_mem = mem + xbytes;
 
     if (threads == 1) { /* also every forked child (cpu/platform.c) */

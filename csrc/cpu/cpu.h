@@ -58,13 +58,13 @@ awq_status awq_cpu_dequantize(const awq_problem *p, const awq_config *c);
  * default).  Deterministic: the order of every sum is fixed by the problem
  * and the configuration, never by the threads' timing. */
 awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
-/* The fused linear for bfloat16 and float16 on AMX tiles (cpu/amx.c), the
- * same contract.  c->chunk: output columns per work item, a multiple of 64
- * up to 1024 (0 = the default).  Sets *ran to 1 when it computed y; 0 when
- * the call is not one the tiles can take (float32, an odd G, no AMX on this
- * host or build, or a value of x or the scales outside what cpu/amx.c
- * takes), for awq_cpu_linear's kernel to run.  Every configuration gives
- * the same bits. */
+/* The fused linear on AMX tiles (cpu/amx.c), the same contract.  c->chunk:
+ * output columns per work item, a multiple of 64 up to 1024 (0 = the
+ * default).  Sets *ran to 1 when it computed y; 0 when the call is not one
+ * the tiles can take (an odd G; float32 with G neither a multiple of 32
+ * nor K; no AMX on this host or build; or a value of x or the scales
+ * outside what cpu/amx.c takes), for awq_cpu_linear's kernel to run.
+ * Every configuration gives the same bits. */
 awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran);
 /* Rows of x per work item of the AMX kernel. */
 #define AWQ_CPU_AMX_ROWS 256
@@ -72,9 +72,9 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
  * their state); 0 with AWQ_FAST_DEQUANT_CPU_SCALAR or AWQ_FAST_DEQUANT_NO_AMX
  * set (read once). */
 int awq_cpu_amx_ready(void);
-/* 1 when the AMX kernel may take problems of p's kind: bfloat16 or
- * float16, K > 0, G even, and awq_cpu_amx_ready().  (Its values may still
- * send a call to awq_cpu_linear's kernel.) */
+/* 1 when the AMX kernel may take problems of p's kind: K > 0, G even (for
+ * float32 also a multiple of 32, or K), and awq_cpu_amx_ready().  (Its
+ * values may still send a call to awq_cpu_linear's kernel.) */
 int awq_cpu_amx_fits(const awq_linear_problem *p);
 /* The vector path the fused linear takes on this CPU: "avx512f+f16c",
  * "avx2+f16c+fma" or "scalar" (AWQ_FAST_DEQUANT_CPU_SCALAR set to anything
@@ -156,8 +156,8 @@ int awq_cpu_candidates(const awq_problem *p, awq_config *configs, int cap);
 
 /* The fused linear's (cpu/linear.c): chunk in {64, 128, ..., 8192} columns
  * of N, each for every block of rows of x.  Every configuration gives the
- * same bits.  For bfloat16 and float16 on a host with AMX tiles (and G
- * even), then the AMX kernel's (cpu/amx.c): chunk in {128, 256, 512,
+ * same bits.  Where the AMX kernel may take the problem
+ * (awq_cpu_amx_fits), then its (cpu/amx.c): chunk in {128, 256, 512,
  * 1024}; its configurations give the same bits as each other. */
 int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, int cap);
 

@@ -1061,9 +1061,8 @@ int awq_cpu_linear_candidates(const awq_linear_problem *p, awq_config *configs, 
     const int64_t blocks = p && p->M > 0 ? (p->M + LINEAR_MB - 1) / LINEAR_MB : 0;
     int n = awq_cpu_grid_candidates(AWQ_KERNEL_CPU, chunks, (int)(sizeof chunks / sizeof chunks[0]),
                                     p ? p->N : 0, blocks, configs, cap);
-    /* bfloat16 and float16 on AMX tiles (cpu/amx.c): its default, then its
-     * grid; a work item is a chunk of N for one block of AWQ_CPU_AMX_ROWS
-     * rows of x */
+    /* the AMX tiles (cpu/amx.c): its default, then its grid; a work item
+     * is a chunk of N for one block of AWQ_CPU_AMX_ROWS rows of x */
     if (p && blocks > 0 && n < cap && awq_cpu_amx_fits(p)) {
         static const int64_t widths[] = {128, 256, 512, 1024};
         const int64_t amx_blocks = (p->M + AWQ_CPU_AMX_ROWS - 1) / AWQ_CPU_AMX_ROWS;

@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -676,7 +677,8 @@ static void test_products_round_first(void)
 static void test_candidates(void)
 {
     rng_state = 99;
-    /* float32: the vector kernel's candidates alone (test_amx has the others) */
+    /* the vector kernel's candidates, first (test_amx has the AMX kernel's,
+     * which come after them) */
     problem P = make_problem(3, 256, 200, 128, AWQ_F32, 1, 0);
     awq_linear_problem p = view(&P);
     awq_config cands[64];
@@ -686,6 +688,8 @@ static void test_candidates(void)
     CHECK(awq_cpu_linear_candidates(&p, cands, 1) == 1);
     CHECK(awq_cpu_linear_candidates(&p, cands, 0) == 0);
     n = awq_cpu_linear_candidates(&p, cands, 64);
+    while (n > 0 && cands[n - 1].kernel == AWQ_KERNEL_AMX)
+        n--;
     size_t bytes = (size_t)(P.M * P.N) * dsize(P.t);
     CHECK(awq_cpu_linear(&p, &cands[0]) == AWQ_OK);
     void *first = xmalloc(bytes);
@@ -809,6 +813,27 @@ static awq_status run_amx(const problem *P, int threads, int64_t chunk, int *ran
     return awq_cpu_linear_amx(&p, &c, ran);
 }
 
+/* The least binary exponent of a nonzero value and the largest of any
+ * among amx_value's x (where 0) or scales (1), as it makes them. */
+static void amx_exponents(awq_dtype t, int where, int *lo, int *hi)
+{
+    rng_state = 4242;
+    problem P = make_problem(5, 128, 72, 32, t, 1, 0);
+    const int64_t n = where ? P.K / P.G * P.N : P.M * P.K;
+    *lo = INT_MAX;
+    *hi = INT_MIN;
+    for (int64_t i = 0; i < n; i++) {
+        int e;
+        double v = decode(where ? P.sc : P.x, i, t);
+        if (v == 0)
+            continue;
+        frexp(v, &e); /* v = f 2^e, 0.5 <= |f| < 1 */
+        *lo = e - 1 < *lo ? e - 1 : *lo;
+        *hi = e - 1 > *hi ? e - 1 : *hi;
+    }
+    free_problem(&P);
+}
+
 /* A problem whose x or scale (where: 0 x, 1 scales) at index i is v: the
  * tiles take it (ran) or leave it to awq_cpu_linear's kernel, whose bits
  * the AMX configuration then gives. */
@@ -817,7 +842,7 @@ static void amx_value(awq_dtype t, double v, int where, int expect_ran)
     rng_state = 4242;
     problem P = make_problem(5, 128, 72, 32, t, 1, 0);
     encode(where ? P.sc : P.x, where ? 70 : 200, v, t);
-    size_t bytes = (size_t)(P.M * P.N) * 2;
+    size_t bytes = (size_t)(P.M * P.N) * dsize(t);
     int ran = -1;
     CHECK(run_amx(&P, 0, 0, &ran) == AWQ_OK);
     if (ran != expect_ran) {
@@ -854,17 +879,22 @@ static void test_amx(void)
         CHECK(awq_cpu_linear(&p, &bad[i]) == AWQ_ERR_CONFIG);
     }
     /* the AMX candidates: its default, then its grid, after all of the
-     * vector kernel's (which float32 gets alone) */
+     * vector kernel's (which a G that is not even gets alone; float32 also
+     * one that is neither a multiple of 32 nor K) */
     awq_config cands[64], single[64];
-    awq_linear_problem p32 = p;
-    p32.dtype = AWQ_F32;
-    const int n32 = awq_cpu_linear_candidates(&p32, single, 64);
-    for (int d = 0; d < 2; d++) {
+    awq_linear_problem alone = p;
+    alone.dtype = AWQ_F32;
+    alone.G = 16;
+    const int n32 = awq_cpu_linear_candidates(&alone, single, 64);
+    for (int i = 0; i < n32; i++)
+        CHECK(single[i].kernel == AWQ_KERNEL_CPU);
+    for (int d = 0; d < 3; d++) {
         awq_linear_problem pd = p;
-        pd.dtype = d ? AWQ_F16 : AWQ_BF16;
+        pd.dtype = d == 2 ? AWQ_F32 : d ? AWQ_F16 : AWQ_BF16;
         const int n = awq_cpu_linear_candidates(&pd, cands, 64);
         for (int i = 0; i < n32; i++)
-            CHECK(single[i].kernel == AWQ_KERNEL_CPU && cands[i].kernel == AWQ_KERNEL_CPU);
+            CHECK(cands[i].kernel == AWQ_KERNEL_CPU && cands[i].chunk == single[i].chunk &&
+                  cands[i].threads == single[i].threads);
         for (int i = n32; i < n; i++) {
             CHECK(cands[i].kernel == AWQ_KERNEL_AMX);
             CHECK(i == n32 ? cands[i].threads == 0 && cands[i].chunk == 0
@@ -878,32 +908,40 @@ static void test_amx(void)
         printf("amx: no AMX tiles on this host or build; the kernel's own checks skipped\n");
         amx_value(AWQ_BF16, 1.0, 0, 0); /* its configurations still run awq_cpu_linear's kernel */
         amx_value(AWQ_F16, 1.0, 0, 0);
+        amx_value(AWQ_F32, 1.0, 0, 0);
         return;
     }
 
     /* M, K, N, G: 16-row and 32-row tails, several 256-row blocks of the
      * sum, N tails of the 16- and 64-column tiles and of the chunks, G = 2,
-     * G = K, more than one 256-row block of x */
+     * G = K, more than one 256-row block of x; float32 runs on the tiles
+     * where G is a multiple of 32 or K, and the kernel declines the rest */
     static const int64_t shapes[][4] = {{1, 64, 8, 64},     {5, 96, 72, 32},   {16, 256, 64, 128},
                                         {17, 200, 136, 8},  {33, 640, 520, 128}, {2, 260, 56, 130},
                                         {150, 300, 200, 2}, {290, 512, 1096, 64}};
     static const int64_t chunks[] = {64, 128, 1024};
-    for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
-        const awq_dtype t = i % 2 ? AWQ_F16 : AWQ_BF16;
+    static const awq_dtype types[] = {AWQ_BF16, AWQ_F16, AWQ_F32};
+    for (size_t i = 0; i < 3 * sizeof shapes / sizeof shapes[0]; i++) {
+        const awq_dtype t = types[i % 3];
         for (int bias = 0; bias < 2; bias++) {
             rng_state = 1000 + 2 * i + (uint64_t)bias;
-            const int64_t *s = shapes[i / 2];
+            const int64_t *s = shapes[i / 3];
             problem Q = make_problem(s[0], s[1], s[2], s[3], t, bias, 0);
-            size_t bytes = (size_t)(Q.M * Q.N) * 2;
+            size_t bytes = (size_t)(Q.M * Q.N) * dsize(t);
+            const int tiles = t != AWQ_F32 || s[3] % 32 == 0 || s[3] == s[1];
             int ran = -1;
-            CHECK(run_amx(&Q, 0, 0, &ran) == AWQ_OK && ran == 1);
+            CHECK(run_amx(&Q, 0, 0, &ran) == AWQ_OK && ran == tiles);
+            if (!tiles) { /* amx_value checks what the vector kernel then gives */
+                free_problem(&Q);
+                continue;
+            }
             CHECK(check_reference(&Q, "amx") == 0);
             void *first = xmalloc(bytes);
             memcpy(first, Q.y, bytes);
             for (int threads = 1; threads <= 3; threads++)
                 for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
                     memset(Q.y, 0x5A, bytes);
-                    CHECK(run_amx(&Q, threads, chunks[c], &ran) == AWQ_OK && ran == 1);
+                    CHECK(run_amx(&Q, threads, chunks[c], &ran) == AWQ_OK && ran == tiles);
                     if (memcmp(first, Q.y, bytes) != 0) {
                         fprintf(stderr, "amx: shape %zu: threads %d chunk %lld changed the bits\n",
                                 i, threads, (long long)chunks[c]);
@@ -937,13 +975,60 @@ static void test_amx(void)
     }
     amx_value(AWQ_F16, INFINITY, 0, 0);
     amx_value(AWQ_F16, NAN, 0, 0);
-    /* an odd G, or float32, goes to awq_cpu_linear's kernel */
+    /* float32: bounds on the least and largest exponents of x and the
+     * scales together (cpu/amx.c), each met and missed by one against
+     * amx_value's problem as it is */
+    int xlo, xhi, slo, shi;
+    amx_exponents(AWQ_F32, 0, &xlo, &xhi);
+    amx_exponents(AWQ_F32, 1, &slo, &shi);
+    const int least_x = -103 - (slo < 0 ? slo : 0), least_s = -103 - xlo;
+    const int most_x = 127 - 6 - 7 - (shi > 0 ? shi : 0), most_s = 127 - 6 - 7 - xhi; /* K = 128 */
+    amx_value(AWQ_F32, ldexp(1.0, least_x), 0, 1);
+    amx_value(AWQ_F32, -ldexp(1.0, least_x - 1), 0, 0);
+    amx_value(AWQ_F32, ldexp(1.0, least_s), 1, 1);
+    amx_value(AWQ_F32, ldexp(1.0, least_s - 1), 1, 0);
+    amx_value(AWQ_F32, ldexp(1.9, most_x), 0, 1);
+    amx_value(AWQ_F32, -ldexp(1.0, most_x + 1), 0, 0);
+    amx_value(AWQ_F32, ldexp(1.5, most_s), 1, 1);
+    amx_value(AWQ_F32, ldexp(1.0, most_s + 1), 1, 0);
+    int ran;
+    static const double f32_outside[] = {NAN, -INFINITY, 0x1p-140};
+    for (size_t i = 0; i < sizeof f32_outside / sizeof f32_outside[0]; i++)
+        for (int where = 0; where < 2; where++)
+            amx_value(AWQ_F32, f32_outside[i], where, 0);
+    amx_value(AWQ_F32, -0.0, 0, 1);
+    amx_value(AWQ_F32, 0.0, 1, 1);
+    /* float32: every part of x counts.  One nonzero x a row, (1 + 2^-9 +
+     * 2^-18) times a signed power of two, whose parts are 1, 2^-9 and
+     * 2^-18 (so scaled): x (q - z) is exact in float32, and so y must be
+     * round(x (q - z) s), one rounding, as float64 gives it. */
+    rng_state = 55;
+    problem E = make_problem(4, 256, 72, 128, AWQ_F32, 0, 0);
+    static const int64_t at[4] = {3, 130, 255, 64};
+    static const double times[4] = {1.0, -0.5, 0x1p20, -0x1p-30};
+    for (int64_t m = 0; m < 4; m++)
+        for (int64_t k = 0; k < 256; k++)
+            encode(E.x, m * 256 + k, k == at[m] ? (1.0 + 0x1p-9 + 0x1p-18) * times[m] : 0.0,
+                   AWQ_F32);
+    ran = -1;
+    CHECK(run_amx(&E, 0, 0, &ran) == AWQ_OK && ran == 1);
+    for (int64_t m = 0; m < 4; m++)
+        for (int64_t n = 0; n < 72; n++) {
+            const int64_t k = at[m], g = k / 128;
+            const int q = nibble(E.qw + k * 9, n), z = nibble(E.qz + g * 9, n);
+            const double v = decode(E.x, m * 256 + k, AWQ_F32);
+            const float want = (float)(v * (q - z) * decode(E.sc, g * 72 + n, AWQ_F32));
+            CHECK(((float *)E.y)[m * 72 + n] == want);
+        }
+    free_problem(&E);
+    /* an odd G, or float32 with G neither a multiple of 32 nor K, goes to
+     * awq_cpu_linear's kernel */
     rng_state = 31;
     problem O = make_problem(3, 63, 16, 21, AWQ_BF16, 0, 0);
-    int ran = -1;
+    ran = -1;
     CHECK(run_amx(&O, 0, 0, &ran) == AWQ_OK && ran == 0);
     free_problem(&O);
-    problem F = make_problem(3, 64, 16, 32, AWQ_F32, 0, 0);
+    problem F = make_problem(3, 64, 16, 16, AWQ_F32, 0, 0);
     ran = -1;
     CHECK(run_amx(&F, 0, 0, &ran) == AWQ_OK && ran == 0);
     free_problem(&F);
