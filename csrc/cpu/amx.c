@@ -40,17 +40,23 @@
  *
  * The tiles read subnormal inputs as zero and flush subnormal results,
  * whatever MXCSR says, so this kernel takes a call only where no subnormal
- * can arise.  bfloat16: every x and every scale zero, or finite with a
- * magnitude in [2^-40, 2^41); then every product is zero or at least 2^-80
- * and a multiple of 2^-94, every sum of them is too, and no sum overflows.
- * float16: every x finite, every scale finite and below 2^12 in magnitude
- * (so that no W overflows); every part of x and W is then zero or a
- * multiple of 2^-24, every product a multiple of 2^-48.  float32: with
- * ex and es the least binary exponents of a nonzero x and a nonzero scale
- * and Ex, Es the largest, every part of x is a multiple of 2^(ex - 23), and
- * so is every product and sum of the tiles, which ex >= -103 keeps zero or
- * normal; ex + es >= -103 keeps every scaled sum normal, and Ex + Es + 6 +
- * log2 K <= 127 (with Es at least 0) every sum finite.  A call with any
+ * can arise.  With ex and es the least binary exponents of a nonzero x
+ * and a nonzero scale, and Ex, Es the largest (a NaN or Inf counts as 128,
+ * so that no bound below holds):
+ *   bfloat16: x is a multiple of 2^(ex - 7); W, at least |s| where it is
+ *   not zero, of 2^(es - 7); so every product and every sum of them is a
+ *   multiple of 2^(ex + es - 14), which ex + es >= -112 keeps zero or
+ *   normal (with ex, es >= -126: no subnormal input).  |W| < 2^(Es + 5),
+ *   so Ex + Es + 6 + log2 K <= 127 and Es <= 122 keep every W and sum
+ *   finite.
+ *   float16: every x finite, every scale finite and below 2^12 in
+ *   magnitude (so that no W overflows); every part of x and W is then zero
+ *   or a multiple of 2^-24, every product a multiple of 2^-48.
+ *   float32: every part of x is a multiple of 2^(ex - 23), and so is every
+ *   product and sum of the tiles, which ex >= -103 keeps zero or normal;
+ *   ex + es >= -103 keeps every scaled sum normal, and Ex + Es + 6 + log2 K
+ *   <= 127 (with Es at least 0) every sum finite.
+ * A call with any
  * other value runs cpu/linear.c's kernel instead (which depends on the
  * inputs alone, so a call stays deterministic).  The bias is added, and y
  * rounded, in AVX-512 code under the default MXCSR.
@@ -108,11 +114,6 @@ enum {
 /* float32 -> float16 rounding: to nearest even (an immediate operand) */
 #define AMX_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-/* The magnitudes a tile may read: zero, or [2^-40, 2^41) (bfloat16
- * exponent fields 87 to 167). */
-#define AMX_EXP_MIN 87
-#define AMX_EXP_END 168
-
 /* ---- the host: may this process run tiles? ---- */
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -162,11 +163,11 @@ int awq_cpu_amx_ready(void)
 
 /* ---- the inputs a tile may read ---- */
 
-static int bf16_ok(uint16_t h)
-{
-    unsigned a = h & 0x7FFFu, e = a >> 7;
-    return a == 0 || (e >= AMX_EXP_MIN && e < AMX_EXP_END);
-}
+typedef enum {
+    AMX_BF16, /* x and W as they are */
+    AMX_HALF, /* float16: hi and lo parts of x and W, three products a term */
+    AMX_F32,  /* float32: three parts of x, the panel q - z, the scales after */
+} amx_mode;
 
 /* float16 bits: finite, with a magnitude below lim (bits of the magnitude) */
 static int f16_below(uint16_t h, unsigned lim) { return (h & 0x7FFFu) < lim; }
@@ -189,30 +190,9 @@ __attribute__((target("avx512f,avx512bw"))) static int all_below(const uint16_t 
     return 1;
 }
 
-/* 1 when every one of the n bfloat16 values at src is zero or within the
- * range. */
-__attribute__((target("avx512f,avx512bw"))) static int all_ok(const uint16_t *src, int64_t n)
-{
-    const __m512i mag = _mm512_set1_epi16(0x7FFF);
-    const __m512i lo = _mm512_set1_epi16((short)(AMX_EXP_MIN << 7));
-    const __m512i span = _mm512_set1_epi16((short)((AMX_EXP_END - AMX_EXP_MIN) << 7));
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
-        __mmask32 ok = _mm512_cmpeq_epi16_mask(a, _mm512_setzero_si512()) |
-                       _mm512_cmplt_epu16_mask(_mm512_sub_epi16(a, lo), span);
-        if (ok != 0xFFFFFFFFu)
-            return 0;
-    }
-    for (; i < n; i++)
-        if (!bf16_ok(src[i]))
-            return 0;
-    return 1;
-}
-
 /* The least exponent field of a nonzero value and the largest field of
- * any among n float32 values (a NaN or Inf: 255; a subnormal: 0); lo
- * stays as it was where every value is zero. */
+ * any among n float32 values (a NaN or Inf: 255; a subnormal: 0), taken
+ * into *lo and *hi. */
 __attribute__((target("avx512f"))) static void exponent_range(const float *src, int64_t n,
                                                                unsigned *lo, unsigned *hi)
 {
@@ -229,6 +209,39 @@ __attribute__((target("avx512f"))) static void exponent_range(const float *src, 
     unsigned l = (unsigned)_mm512_reduce_min_epu32(vlo), h = (unsigned)_mm512_reduce_max_epu32(vhi);
     for (; i < n; i++) {
         uint32_t a = f32_bits(src[i]) & 0x7FFFFFFFu, e = a >> 23;
+        if (a != 0 && e < l)
+            l = e;
+        if (e > h)
+            h = e;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* The same for n bfloat16 values. */
+__attribute__((target("avx512f,avx512bw"))) static void
+exponent_range_bf16(const uint16_t *src, int64_t n, unsigned *lo, unsigned *hi)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i vlo = _mm512_set1_epi16((short)*lo), vhi = _mm512_set1_epi16((short)*hi);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
+        __m512i e = _mm512_srli_epi16(a, 7);
+        __mmask32 nz = _mm512_test_epi16_mask(a, a);
+        vlo = _mm512_mask_min_epu16(vlo, nz, vlo, e);
+        vhi = _mm512_max_epu16(vhi, e);
+    }
+    uint16_t l16[32], h16[32];
+    _mm512_storeu_si512(l16, vlo);
+    _mm512_storeu_si512(h16, vhi);
+    unsigned l = *lo, h = *hi;
+    for (int j = 0; j < 32; j++) {
+        l = l16[j] < l ? l16[j] : l;
+        h = h16[j] > h ? h16[j] : h;
+    }
+    for (; i < n; i++) {
+        unsigned a = src[i] & 0x7FFFu, e = a >> 7;
         if (a != 0 && e < l)
             l = e;
         if (e > h)
@@ -264,16 +277,20 @@ split_f32(const float *src, int64_t n, uint16_t *x1, uint16_t *x2, uint16_t *x3)
     }
 }
 
-/* 1 when float32 x with exponent fields [xlo, xhi] and scales with [slo,
- * shi] (the least of a nonzero value, the largest) keep every product and
- * sum of the float32 mode zero or normal, and finite (the header). */
-static int f32_range_ok(unsigned xlo, unsigned xhi, unsigned slo, unsigned shi, int64_t K)
+/* 1 when x with exponent fields [xlo, xhi] and scales with [slo, shi]
+ * (the least of a nonzero value, the largest; bfloat16 and float32 share
+ * them) keep every product and sum of the tiles zero or normal, and
+ * finite (the header). */
+static int range_ok(amx_mode mode, unsigned xlo, unsigned xhi, unsigned slo, unsigned shi,
+                    int64_t K)
 {
     int lg = 0;
     while (lg < 63 && ((int64_t)1 << lg) < K)
         lg++;
     const int ex = (int)xlo - 127, es = (int)slo - 127, Ex = (int)xhi - 127, Es = (int)shi - 127;
-    return ex >= -103 && ex + es >= -103 && Ex + (Es > 0 ? Es : 0) + 6 + lg <= 127;
+    if (mode == AMX_F32)
+        return ex >= -103 && ex + es >= -103 && Ex + (Es > 0 ? Es : 0) + 6 + lg <= 127;
+    return ex >= -126 && es >= -126 && ex + es >= -112 && Ex + Es + 6 + lg <= 127 && Es <= 122;
 }
 
 /* A float16 value (as float32) with its low 16 bits cleared: its hi part,
@@ -305,12 +322,6 @@ split_half(const uint16_t *src, int64_t n, uint16_t *hi, uint16_t *lo)
 }
 
 /* ---- one call's plan ---- */
-
-typedef enum {
-    AMX_BF16, /* x and W as they are */
-    AMX_HALF, /* float16: hi and lo parts of x and W, three products a term */
-    AMX_F32,  /* float32: three parts of x, the panel q - z, the scales after */
-} amx_mode;
 
 typedef struct {
     const awq_linear_problem *p;
@@ -707,15 +718,20 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
         return AWQ_OK;
     const amx_mode mode = p->dtype == AWQ_F32 ? AMX_F32 : p->dtype == AWQ_F16 ? AMX_HALF : AMX_BF16;
     const int64_t nscales = p->K / p->G * p->N;
-    if (mode == AMX_F32) {
-        unsigned xlo = 255, xhi = 0, slo = 255, shi = 0;
-        exponent_range(p->scales, nscales, &slo, &shi);
-        exponent_range(p->x, p->M * p->K, &xlo, &xhi);
-        if (!f32_range_ok(xlo, xhi, slo, shi, p->K))
+    if (mode == AMX_HALF) {
+        if (!all_below(p->scales, nscales, F16_SCALE) || !all_below(p->x, p->M * p->K, F16_INF))
             return AWQ_OK;
-    } else if (!(mode == AMX_HALF ? all_below(p->scales, nscales, F16_SCALE)
-                                  : all_ok(p->scales, nscales))) {
-        return AWQ_OK;
+    } else {
+        unsigned xlo = 255, xhi = 0, slo = 255, shi = 0;
+        if (mode == AMX_F32) {
+            exponent_range(p->scales, nscales, &slo, &shi);
+            exponent_range(p->x, p->M * p->K, &xlo, &xhi);
+        } else {
+            exponent_range_bf16(p->scales, nscales, &slo, &shi);
+            exponent_range_bf16(p->x, p->M * p->K, &xlo, &xhi);
+        }
+        if (!range_ok(mode, xlo, xhi, slo, shi, p->K))
+            return AWQ_OK;
     }
 
     int threads = awq_cpu_threads(c->threads);
@@ -741,31 +757,21 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
     if (mem == NULL)
         return AWQ_ERR_NOMEM;
 
-    /* x's parts, zero-padded to whole tiles (bfloat16 and float16 checked
-     * on the way) */
+    /* x's parts, zero-padded to whole tiles */
     uint16_t *xp[3] = {NULL, NULL, NULL};
     for (int i = 0; i < parts; i++)
         xp[i] = (uint16_t *)(mem + (size_t)i * xone);
-    int ok = 1;
-    for (int64_t m = 0; m < p->M && ok; m++) {
+    for (int64_t m = 0; m < p->M; m++) {
         const int64_t at = m * pl.Kp;
         if (mode == AMX_F32) {
             split_f32((const float *)p->x + m * p->K, p->K, xp[0] + at, xp[1] + at, xp[2] + at);
         } else if (mode == AMX_HALF) {
-            const uint16_t *row = (const uint16_t *)p->x + m * p->K;
-            ok = all_below(row, p->K, F16_INF);
-            split_half(row, p->K, xp[0] + at, xp[1] + at);
+            split_half((const uint16_t *)p->x + m * p->K, p->K, xp[0] + at, xp[1] + at);
         } else {
-            const uint16_t *row = (const uint16_t *)p->x + m * p->K;
-            ok = all_ok(row, p->K);
-            memcpy(xp[0] + at, row, (size_t)p->K * 2);
+            memcpy(xp[0] + at, (const uint16_t *)p->x + m * p->K, (size_t)p->K * 2);
         }
         for (int i = 0; i < parts; i++)
             memset(xp[i] + at + p->K, 0, (size_t)(pl.Kp - p->K) * 2);
-    }
-    if (!ok) {
-        free(mem);
-        return AWQ_OK;
     }
     for (int i = 0; i < parts; i++) {
         memset(xp[i] + p->M * pl.Kp, 0, (size_t)(pl.Mp - p->M) * (size_t)pl.Kp * 2);

@@ -954,12 +954,27 @@ static void test_amx(void)
     }
 
     /* the edges of the values the tiles take, in x and in the scales:
-     * bfloat16 */
-    static const double inside[] = {0x1p-40, -0x1p-40, 0x1.fep40, 0.0, -0.0};
-    static const double outside[] = {0x1.fep-41, -0x1p-60, 0x1p41, 0x1p-130, NAN, INFINITY};
+     * bfloat16 and float32 bound the least and largest exponents of x and
+     * the scales together (cpu/amx.c); each bound met and missed by one
+     * against amx_value's problem as it is */
+    int xlo, xhi, slo, shi, ran;
+    amx_exponents(AWQ_BF16, 0, &xlo, &xhi);
+    amx_exponents(AWQ_BF16, 1, &slo, &shi);
+    const int least_bx = -112 - slo > -126 ? -112 - slo : -126;
+    const int least_bs = -112 - xlo > -126 ? -112 - xlo : -126;
+    const int most_bx = 127 - 6 - 7 - shi;
+    const int most_bs = 127 - 6 - 7 - xhi < 122 ? 127 - 6 - 7 - xhi : 122;
+    amx_value(AWQ_BF16, ldexp(1.0, least_bx), 0, 1);
+    amx_value(AWQ_BF16, -ldexp(1.0, least_bx - 1), 0, 0);
+    amx_value(AWQ_BF16, ldexp(1.0, least_bs), 1, 1);
+    amx_value(AWQ_BF16, ldexp(1.0, least_bs - 1), 1, 0);
+    amx_value(AWQ_BF16, ldexp(1.5, most_bx), 0, 1);
+    amx_value(AWQ_BF16, -ldexp(1.0, most_bx + 1), 0, 0);
+    amx_value(AWQ_BF16, ldexp(1.5, most_bs), 1, 1);
+    amx_value(AWQ_BF16, ldexp(1.0, most_bs + 1), 1, 0);
+    static const double outside[] = {0x1p-130, NAN, INFINITY};
     for (int where = 0; where < 2; where++) {
-        for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++)
-            amx_value(AWQ_BF16, inside[i], where, 1);
+        amx_value(AWQ_BF16, where ? 0.0 : -0.0, where, 1);
         for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
             amx_value(AWQ_BF16, outside[i], where, 0);
     }
@@ -975,10 +990,7 @@ static void test_amx(void)
     }
     amx_value(AWQ_F16, INFINITY, 0, 0);
     amx_value(AWQ_F16, NAN, 0, 0);
-    /* float32: bounds on the least and largest exponents of x and the
-     * scales together (cpu/amx.c), each met and missed by one against
-     * amx_value's problem as it is */
-    int xlo, xhi, slo, shi;
+    /* float32 */
     amx_exponents(AWQ_F32, 0, &xlo, &xhi);
     amx_exponents(AWQ_F32, 1, &slo, &shi);
     const int least_x = -103 - (slo < 0 ? slo : 0), least_s = -103 - xlo;
@@ -991,7 +1003,6 @@ static void test_amx(void)
     amx_value(AWQ_F32, -ldexp(1.0, most_x + 1), 0, 0);
     amx_value(AWQ_F32, ldexp(1.5, most_s), 1, 1);
     amx_value(AWQ_F32, ldexp(1.0, most_s + 1), 1, 0);
-    int ran;
     static const double f32_outside[] = {NAN, -INFINITY, 0x1p-140};
     for (size_t i = 0; i < sizeof f32_outside / sizeof f32_outside[0]; i++)
         for (int where = 0; where < 2; where++)
