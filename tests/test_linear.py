@@ -134,12 +134,12 @@ def _run_config(x, qw, qz, sc, b, cfg):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cpu_amx_candidates(rng, dtype):
     """The tuner tries the AMX kernel where the host runs it, after every configuration
-    of the vector kernel: for an even G, and for float32 a G that is a multiple of 32
-    or K."""
+    of the vector kernel: for an even G, and for float16 and float32 a G that is a
+    multiple of 32 or K."""
     for G, M in ((64, 3), (64, 40), (21, 3), (16, 3), (126, 3)):
         x, qw, qz, sc, _ = linear_problem(rng, M, 126 if G in (21, 126) else 256, 64, G, dtype)
         kernels = [c["kernel"] for c in _C._dev.linear_candidates(x, qw, qz, sc)]
-        amx = AMX and G % 2 == 0 and (dtype != "float32" or G % 32 == 0 or G == 126)
+        amx = AMX and G % 2 == 0 and (dtype == "bfloat16" or G % 32 == 0 or G == 126)
         assert ("amx" in kernels) == amx
         assert kernels == sorted(kernels, key=lambda k: k == "amx")
 
@@ -149,12 +149,12 @@ def test_cpu_amx_candidates(rng, dtype):
 def test_cpu_amx_every_config_within_tolerance_and_the_same_bits(dtype):
     """Every configuration of the AMX kernel: within the tolerance, and the same bits
     as each other (the order of each sum is the problem's alone).  Tails of the 16-row
-    and 16- and 64-column tiles, several 256-row blocks of the sum, G = 8 (not float32)
+    and 16- and 64-column tiles, several 256-row blocks of the sum, G = 8 (bfloat16)
     and G = K, more than 256 rows of x."""
     rng = np.random.default_rng(5)
     for M, K, N, G in [(1, 64, 8, 64), (17, 256, 136, 128), (40, 640, 520, 128),
                        (3, 200, 40, 8), (260, 256, 72, 64), (5, 100, 24, 100)]:
-        if dtype == "float32" and G == 8:
+        if dtype != "bfloat16" and G == 8:
             continue
         x, qw, qz, sc, b = linear_problem(rng, M, K, N, G, dtype)
         first = _run_config(x, qw, qz, sc, b, {"kernel": "amx"})
@@ -168,9 +168,8 @@ def test_cpu_amx_every_config_within_tolerance_and_the_same_bits(dtype):
 @needs_amx
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cpu_amx_identity_rows_give_w_exactly(rng, dtype):
-    """x = the identity through the AMX kernel: y = W, dequantize's values (for float16
-    the sum of each weight's two bfloat16 parts; for float32 (q - z) s rounded once, in
-    one FMA), bit for bit."""
+    """x = the identity through the AMX kernel: y = W, dequantize's values (float16 and
+    float32 round (q - z) s, exact in float32, once), bit for bit."""
     K, N, G = 64, 48, 32
     qw, qz, sc = make_problem(rng, K, N, G, "float32", specials=False)
     sc[0, :6] = [2.0**-20, -2.0**-24, 3 * 2.0**-23, 2.0**-15, 4000.0, -1e-3]

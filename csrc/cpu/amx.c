@@ -12,22 +12,20 @@
  * columns of the panel over 32 rows of K: bfloat16 products, exact in
  * float32, added in float32.
  *
- * float16 has no tiles of its own on these cores, so each float16 value v
- * (x and W) is split into two bfloat16: hi, v with its low 16 bits (as
- * float32) cleared, and lo = v - hi, exact (v has 11 significant bits, hi
- * 8, lo the other 3).  x W = xhi Whi + xhi Wlo + xlo Whi + xlo Wlo, each
- * product exact in float32; the tiles add the first three, and the fourth,
- * left out, is below 2^-14 |x W|, far inside the tolerance's 2^-9.
- *
- * float32 has no tiles either, and its values have 24 significant bits,
- * so it takes the sum as DESIGN.md's regrouping, s * sum_k (q - z) x per
- * group: the panel holds q - z, small integers that bfloat16 holds
- * exactly, and each float32 x is split into three bfloat16 parts, x1 its
- * top 16 bits, x2 the top 16 bits of x - x1 and x3 = x - x1 - x2, exact
- * (8 + 8 + 8 significant bits).  Per 32 rows of K the tiles add (q - z)
- * x1, (q - z) x2 and (q - z) x3, every product exact; each stretch of a
- * group inside a block of K (below) is summed apart, multiplied by its
- * scales in one FMA per output and added to the total.
+ * float16 and float32 have no tiles of their own on these cores, and
+ * their values have more significant bits than bfloat16's 8, so they take
+ * the sum as DESIGN.md's regrouping, s * sum_k (q - z) x per group: the
+ * panel holds q - z, small integers that bfloat16 holds exactly, and each
+ * x is split into bfloat16 parts that add up to it exactly.  float16 (11
+ * significant bits): two, hi, x with its low 16 bits (as float32) cleared,
+ * and lo = x - hi.  float32 (24): three, x1 its top 16 bits, x2 the top 16
+ * bits of x - x1 and x3 = x - x1 - x2.  Per 32 rows of K the tiles add the
+ * parts' products with q - z in that order, every one exact; each stretch
+ * of a group inside a block of K (below) is summed apart, multiplied by
+ * its scales in one FMA per output and added to the total.  This differs
+ * from the sum over dequantize's W by W's rounding, at most 2^-11 |W| for
+ * float16 and 2^-24 |W| for float32, inside the tolerance's 2^-9 (not
+ * bfloat16's 2^-8, which is why bfloat16 multiplies W itself).
  *
  * The order of the sums is fixed by the problem alone, as in cpu/linear.c:
  * K is cut into blocks of AMX_KB rows; each block's partial sum starts at
@@ -50,8 +48,9 @@
  *   so Ex + Es + 6 + log2 K <= 127 and Es <= 122 keep every W and sum
  *   finite.
  *   float16: every x finite, every scale finite and below 2^12 in
- *   magnitude (so that no W overflows); every part of x and W is then zero
- *   or a multiple of 2^-24, every product a multiple of 2^-48.
+ *   magnitude (so that no W overflows, as the regrouped sum would not);
+ *   every part of x is then zero or a multiple of 2^-24, and so is every
+ *   product and sum of the tiles, and every scaled sum of 2^-48.
  *   float32: every part of x is a multiple of 2^(ex - 23), and so is every
  *   product and sum of the tiles, which ex >= -103 keeps zero or normal;
  *   ex + es >= -103 keeps every scaled sum normal, and Ex + Es + 6 + log2 K
@@ -165,7 +164,7 @@ int awq_cpu_amx_ready(void)
 
 typedef enum {
     AMX_BF16, /* x and W as they are */
-    AMX_HALF, /* float16: hi and lo parts of x and W, three products a term */
+    AMX_HALF, /* float16: two parts of x, the panel q - z, the scales after */
     AMX_F32,  /* float32: three parts of x, the panel q - z, the scales after */
 } amx_mode;
 
@@ -335,8 +334,8 @@ typedef struct {
 } plan;
 
 typedef struct {
-    uint16_t *panel; /* [AMX_KB / 2][nw][2] one block of W, pairs of rows interleaved */
-    uint16_t *lo;    /* float16: the same of W's lo parts */
+    uint16_t *panel; /* [AMX_KB / 2][nw][2] one block of W (float16, float32: of q - z),
+                        pairs of rows interleaved */
     float *total;    /* [AMX_MB][nw] the sums so far */
     float *part;     /* [16][64] one tile row's partials */
 } scratch;
@@ -345,7 +344,7 @@ static size_t round_up(size_t n) { return (n + AMX_ALIGN - 1) / AMX_ALIGN * AMX_
 
 static size_t scratch_bytes(int64_t nw)
 {
-    return 2 * round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
+    return round_up((size_t)AMX_KB * (size_t)nw * 2) + round_up((size_t)AMX_MB * nw * 4) +
            round_up(16 * 64 * 4);
 }
 
@@ -353,8 +352,6 @@ static scratch scratch_at(char *mem, int64_t nw)
 {
     scratch s;
     s.panel = (uint16_t *)mem;
-    mem += round_up((size_t)AMX_KB * (size_t)nw * 2);
-    s.lo = (uint16_t *)mem;
     mem += round_up((size_t)AMX_KB * (size_t)nw * 2);
     s.total = (float *)mem;
     mem += round_up((size_t)AMX_MB * nw * 4);
@@ -376,19 +373,18 @@ static scratch scratch_at(char *mem, int64_t nw)
  * bits 16-19 and sets the exponent of 128 above it (one ternary-logic
  * operation): the float32 128 + q, without a conversion.  Then W = (128 +
  * q) s - (128 + z) s in one FMA: the product is exact inside it, (128 + z)
- * s is exact in float32 (8 by 8 significant bits; float16: 8 by 11), and so
- * is the difference (q - z) s, so that this is float32(q - z) * float32(s)
- * except for the sign of a zero, which no sum of the tiles keeps.  float16
- * rounds it to float16 (as dequantize), then splits it in hi and lo parts,
- * the lo parts into s->lo.  float32 writes (128 + q) - (128 + z) = q - z
- * instead, exact, and leaves the scales to the sums. */
+ * s is exact in float32 (8 by 8 significant bits), and so is the
+ * difference (q - z) s, so that this is float32(q - z) * float32(s) except
+ * for the sign of a zero, which no sum of the tiles keeps.  float16 and
+ * float32 write (128 + q) - (128 + z) = q - z instead, exact, and leave
+ * the scales to the sums. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"))) static void
 panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0, int64_t cols)
 {
     const awq_linear_problem *p = pl->p;
     const int64_t words = p->N / 8, cw = cols / 8, nw = pl->nw, K = p->K;
-    const uint16_t *scales = p->scales; /* float32: unused here */
-    const int f32 = pl->mode == AMX_F32, half = pl->mode == AMX_HALF;
+    const uint16_t *scales = p->scales; /* bfloat16 only */
+    const int ints = pl->mode != AMX_BF16; /* the panel holds q - z */
     /* lanes 2j and 2j + 1: nibble REVERSE[j] to bits 16-19 */
 #define AMX_ROT(j) (16 - 4 * AWQ_NIBBLE(j)) & 31, (16 - 4 * AWQ_NIBBLE(j)) & 31
     static const int32_t ROTS[16] = {AMX_ROT(0), AMX_ROT(1), AMX_ROT(2), AMX_ROT(3),
@@ -414,18 +410,16 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
         for (int64_t t = 0; t < nw / 16; t++) {
             const int64_t left = cw - 2 * t; /* packed words of this tile of 16 columns */
             /* the group's scales and zero points in lane order; columns past
-             * cols get a scale of 0, and so a W of 0 (float32: no scales;
-             * their zero words give q - z = 0) */
+             * cols get a scale of 0, and so a W of 0 (q - z: their zero
+             * words give 0) */
             __m512 sv = _mm512_setzero_ps();
-            if (!f32) {
+            if (!ints) {
                 const __mmask16 valid = left >= 2 ? 0xFFFF : left == 1 ? 0x00FF : 0;
                 const __m256i s16 =
                     _mm256_maskz_loadu_epi16(valid, scales + g * p->N + n0 + 16 * t);
                 /* bfloat16: the float32's top half */
-                const __m512 s32 =
-                    half ? _mm512_cvtph_ps(s16)
-                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(s16), 16));
-                sv = _mm512_permutexvar_ps(lanes, s32);
+                sv = _mm512_permutexvar_ps(lanes, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                                      _mm512_cvtepu16_epi32(s16), 16)));
             }
             const uint32_t *zq = p->qzeros + g * words + n0 / 8 + 2 * t;
             uint64_t zw = 0;
@@ -433,14 +427,14 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                 memcpy(&zw, zq, 8);
             else if (left == 1)
                 zw = zq[0];
-            /* (128 + z) s: exact, 8 by 8 (float16: 11) significant bits;
-             * float32: 128 + z, the panel holding q - z */
-            const __m512 zs = f32 ? AMX_128_PLUS(zw) : _mm512_mul_ps(AMX_128_PLUS(zw), sv);
+            /* (128 + z) s: exact, 8 by 8 significant bits; or 128 + z, for
+             * a panel of q - z */
+            const __m512 zs = ints ? AMX_128_PLUS(zw) : _mm512_mul_ps(AMX_128_PLUS(zw), sv);
             const uint32_t *q = p->qweight + k * words + n0 / 8 + 2 * t;
             const int64_t at = (k - k0) / 2 * nw * 2 + 32 * t;
-            uint16_t *o = s->panel + at, *olo = s->lo + at;
+            uint16_t *o = s->panel + at;
             /* G is even (awq_cpu_linear_amx), so rows k and k + 1 share the group */
-            for (int64_t kk = k; kk < ge; kk += 2, q += 2 * words, o += nw * 2, olo += nw * 2) {
+            for (int64_t kk = k; kk < ge; kk += 2, q += 2 * words, o += nw * 2) {
                 uint64_t w0, w1;
                 if (left >= 2) {
                     memcpy(&w0, q, 8);
@@ -450,22 +444,12 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
                     w1 = left == 1 ? q[words] : 0;
                 }
                 __m512 v0, v1;
-                if (f32) { /* q - z, exact */
+                if (ints) { /* q - z, exact */
                     v0 = _mm512_sub_ps(AMX_128_PLUS(w0), zs);
                     v1 = _mm512_sub_ps(AMX_128_PLUS(w1), zs);
                 } else {
                     v0 = _mm512_fmsub_ps(AMX_128_PLUS(w0), sv, zs);
                     v1 = _mm512_fmsub_ps(AMX_128_PLUS(w1), sv, zs);
-                }
-                if (half) {
-                    v0 = _mm512_cvtph_ps(_mm512_cvtps_ph(v0, AMX_NEAREST));
-                    v1 = _mm512_cvtph_ps(_mm512_cvtps_ph(v1, AMX_NEAREST));
-                    const __m512 h0 = hi_part(v0), h1 = hi_part(v1);
-                    __m512i two = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1),
-                                                               _mm512_sub_ps(v0, h0));
-                    _mm512_store_si512(olo, _mm512_permutexvar_epi16(pairs, two));
-                    v0 = h0;
-                    v1 = h1;
                 }
                 __m512i two = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
                 _mm512_store_si512(o, _mm512_permutexvar_epi16(pairs, two));
@@ -476,8 +460,6 @@ panel_block(const plan *pl, const scratch *s, int64_t k0, int64_t k1, int64_t n0
 #undef AMX_128_PLUS
     if (k1 > kend) { /* K's padding to whole tiles */
         memset(s->panel + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
-        if (half)
-            memset(s->lo + (kend - k0) / 2 * nw * 2, 0, (size_t)(k1 - kend) * (size_t)nw * 2);
     }
 }
 
@@ -489,8 +471,9 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Eight tiles of 16 rows x 64 bytes: 0-3 sums (16 x 16 float32), 4 x
- * (16 rows x 32 bfloat16), 5-7 the panel (16 pairs of rows x 16 columns). */
+/* Eight tiles of 16 rows x 64 bytes: 0-3 sums (16 x 16 float32); bfloat16:
+ * 4 x (16 rows x 32 bfloat16), 5-7 the panel (16 pairs of rows x 16
+ * columns); float16 and float32: 4-6 x's parts, 7 the panel. */
 static const tile_config TILES = {.palette = 1,
                                   .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
                                   .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
@@ -500,9 +483,8 @@ __attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(
 
 /* Rows [r0, r0 + 16) of x times the panel's rows [k0, k1) (x's columns;
  * the panel starts at row kb), 64 columns from c0: their partial sums into
- * part[16][64].  Per 32 rows of K and tile of 16 columns, float16: xhi Whi,
- * xhi Wlo and xlo Whi in that order; float32: x1 (q - z), x2 (q - z), x3
- * (q - z). */
+ * part[16][64].  Per 32 rows of K and tile of 16 columns, float16: xhi (q
+ * - z) then xlo (q - z); float32: x1 (q - z), x2 (q - z), x3 (q - z). */
 __attribute__((target("amx-tile,amx-bf16"))) static void
 tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t kb, int64_t k0, int64_t k1,
            int64_t c0)
@@ -532,18 +514,14 @@ tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t kb, int64_t k0,
 #undef AMX_F32_TILE
         }
     } else if (pl->mode == AMX_HALF) {
-        const uint16_t *alo = pl->xp[1] + r0 * pl->Kp + k0;
-        const uint16_t *blo = s->lo + (k0 - kb) * nw + c0 * 2;
-        for (int64_t k = k0; k < k1; k += 32, a += 32, alo += 32, b += 16 * nw * 2,
-                     blo += 16 * nw * 2) {
+        const uint16_t *a2 = pl->xp[1] + r0 * pl->Kp + k0;
+        for (int64_t k = k0; k < k1; k += 32, a += 32, a2 += 32, b += 16 * nw * 2) {
             _tile_loadd(4, a, pl->Kp * 2);
-            _tile_loadd(5, alo, pl->Kp * 2);
+            _tile_loadd(5, a2, pl->Kp * 2);
 #define AMX_HALF_TILE(c, j)                                                                        \
-    _tile_loadd(6, b + 32 * (j), nw * 4);                                                          \
-    _tile_loadd(7, blo + 32 * (j), nw * 4);                                                        \
-    _tile_dpbf16ps(c, 4, 6);                                                                       \
+    _tile_loadd(7, b + 32 * (j), nw * 4);                                                          \
     _tile_dpbf16ps(c, 4, 7);                                                                       \
-    _tile_dpbf16ps(c, 5, 6)
+    _tile_dpbf16ps(c, 5, 7)
             AMX_HALF_TILE(0, 0);
             AMX_HALF_TILE(1, 1);
             AMX_HALF_TILE(2, 2);
@@ -580,18 +558,22 @@ __attribute__((target("avx512f"))) static void add_part(const scratch *s, int64_
     }
 }
 
-/* float32: total[r .. r + 16)[c0 .. c0 + 64) += part * the scales of
- * group g, one FMA an output; columns from cols on take a scale of 0 */
-__attribute__((target("avx512f"))) static void
+/* A panel of q - z: total[r .. r + 16)[c0 .. c0 + 64) += part * the
+ * scales of group g (as float32, exact), one FMA an output; columns from
+ * cols on take a scale of 0 */
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static void
 scale_part(const plan *pl, const scratch *s, int64_t r, int64_t c0, int64_t g, int64_t n0,
            int64_t cols)
 {
-    const float *sc = (const float *)pl->p->scales + g * pl->p->N + n0 + c0;
+    const int64_t at = g * pl->p->N + n0 + c0;
     __m512 sv[4];
     for (int j = 0; j < 4; j++) {
         const int64_t left = cols - c0 - 16 * j;
         const __mmask16 m = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        sv[j] = _mm512_maskz_loadu_ps(m, sc + 16 * j);
+        sv[j] = pl->mode == AMX_F32
+                    ? _mm512_maskz_loadu_ps(m, (const float *)pl->p->scales + at + 16 * j)
+                    : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                          m, (const uint16_t *)pl->p->scales + at + 16 * j));
     }
     for (int i = 0; i < 16; i++) {
         float *t = s->total + (r + i) * pl->nw + c0;
@@ -670,7 +652,7 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
     for (int64_t k0 = 0; k0 < pl->Kp; k0 += AMX_KB) {
         const int64_t k1 = k0 + AMX_KB < pl->Kp ? k0 + AMX_KB : pl->Kp;
         panel_block(pl, s, k0, k1, n0, cols);
-        if (pl->mode != AMX_F32) {
+        if (pl->mode == AMX_BF16) {
             for (int64_t r = 0; r < tiles_m; r++)
                 for (int64_t c = 0; c < tiles_n; c++) {
                     tile_block(pl, s, m0 + 16 * r, k0, k0, k1, 64 * c);
@@ -678,7 +660,7 @@ static void run_item(const plan *pl, const scratch *s, int64_t i)
                 }
             continue;
         }
-        /* float32: each stretch of a group in the block apart, the last
+        /* q - z: each stretch of a group in the block apart, the last
          * group's running on through K's padding */
         for (int64_t a = k0, e; a < k1; a = e) {
             const int64_t g = a / p->G;
@@ -704,8 +686,9 @@ static int64_t default_width(int64_t N, int threads)
 
 int awq_cpu_amx_fits(const awq_linear_problem *p)
 {
-    /* float32 sums each group's stretches apart, 32 rows of K at a time */
-    const int groups_ok = p->dtype != AWQ_F32 || p->G % 32 == 0 || p->G == p->K;
+    /* float16 and float32 sum each group's stretches apart, 32 rows of K
+     * at a time */
+    const int groups_ok = p->dtype == AWQ_BF16 || p->G % 32 == 0 || p->G == p->K;
     return p->K > 0 && p->G % 2 == 0 && groups_ok && awq_cpu_amx_ready();
 }
 

@@ -879,8 +879,8 @@ static void test_amx(void)
         CHECK(awq_cpu_linear(&p, &bad[i]) == AWQ_ERR_CONFIG);
     }
     /* the AMX candidates: its default, then its grid, after all of the
-     * vector kernel's (which a G that is not even gets alone; float32 also
-     * one that is neither a multiple of 32 nor K) */
+     * vector kernel's (which a G that is not even gets alone; float16 and
+     * float32 also one that is neither a multiple of 32 nor K) */
     awq_config cands[64], single[64];
     awq_linear_problem alone = p;
     alone.dtype = AWQ_F32;
@@ -914,8 +914,9 @@ static void test_amx(void)
 
     /* M, K, N, G: 16-row and 32-row tails, several 256-row blocks of the
      * sum, N tails of the 16- and 64-column tiles and of the chunks, G = 2,
-     * G = K, more than one 256-row block of x; float32 runs on the tiles
-     * where G is a multiple of 32 or K, and the kernel declines the rest */
+     * G = K, more than one 256-row block of x; float16 and float32 run on
+     * the tiles where G is a multiple of 32 or K, and the kernel declines
+     * the rest */
     static const int64_t shapes[][4] = {{1, 64, 8, 64},     {5, 96, 72, 32},   {16, 256, 64, 128},
                                         {17, 200, 136, 8},  {33, 640, 520, 128}, {2, 260, 56, 130},
                                         {150, 300, 200, 2}, {290, 512, 1096, 64}};
@@ -928,7 +929,7 @@ static void test_amx(void)
             const int64_t *s = shapes[i / 3];
             problem Q = make_problem(s[0], s[1], s[2], s[3], t, bias, 0);
             size_t bytes = (size_t)(Q.M * Q.N) * dsize(t);
-            const int tiles = t != AWQ_F32 || s[3] % 32 == 0 || s[3] == s[1];
+            const int tiles = t == AWQ_BF16 || s[3] % 32 == 0 || s[3] == s[1];
             int ran = -1;
             CHECK(run_amx(&Q, 0, 0, &ran) == AWQ_OK && ran == tiles);
             if (!tiles) { /* amx_value checks what the vector kernel then gives */
@@ -1009,40 +1010,46 @@ static void test_amx(void)
             amx_value(AWQ_F32, f32_outside[i], where, 0);
     amx_value(AWQ_F32, -0.0, 0, 1);
     amx_value(AWQ_F32, 0.0, 1, 1);
-    /* float32: every part of x counts.  One nonzero x a row, (1 + 2^-9 +
-     * 2^-18) times a signed power of two, whose parts are 1, 2^-9 and
-     * 2^-18 (so scaled): x (q - z) is exact in float32, and so y must be
-     * round(x (q - z) s), one rounding, as float64 gives it. */
-    rng_state = 55;
-    problem E = make_problem(4, 256, 72, 128, AWQ_F32, 0, 0);
-    static const int64_t at[4] = {3, 130, 255, 64};
-    static const double times[4] = {1.0, -0.5, 0x1p20, -0x1p-30};
-    for (int64_t m = 0; m < 4; m++)
-        for (int64_t k = 0; k < 256; k++)
-            encode(E.x, m * 256 + k, k == at[m] ? (1.0 + 0x1p-9 + 0x1p-18) * times[m] : 0.0,
-                   AWQ_F32);
-    ran = -1;
-    CHECK(run_amx(&E, 0, 0, &ran) == AWQ_OK && ran == 1);
-    for (int64_t m = 0; m < 4; m++)
-        for (int64_t n = 0; n < 72; n++) {
-            const int64_t k = at[m], g = k / 128;
-            const int q = nibble(E.qw + k * 9, n), z = nibble(E.qz + g * 9, n);
-            const double v = decode(E.x, m * 256 + k, AWQ_F32);
-            const float want = (float)(v * (q - z) * decode(E.sc, g * 72 + n, AWQ_F32));
-            CHECK(((float *)E.y)[m * 72 + n] == want);
-        }
-    free_problem(&E);
-    /* an odd G, or float32 with G neither a multiple of 32 nor K, goes to
-     * awq_cpu_linear's kernel */
+    /* float16 and float32: every part of x counts.  One nonzero x a row, a
+     * signed power of two times 1 + 2^-9 (float16: parts 1 and 2^-9, so
+     * scaled) or 1 + 2^-9 + 2^-18 (float32: 1, 2^-9, 2^-18): x (q - z) is
+     * exact in float32, so y must be x (q - z) s rounded to float32 (one
+     * FMA) and then to the dtype, as float64 gives it. */
+    for (int d = 0; d < 2; d++) {
+        const awq_dtype t = d ? AWQ_F32 : AWQ_F16;
+        rng_state = 55;
+        problem E = make_problem(4, 256, 72, 128, t, 0, 0);
+        static const int64_t at[4] = {3, 130, 255, 64};
+        const double times[4] = {1.0, -0.5, d ? 0x1p20 : 0x1p10, d ? -0x1p-30 : -0x1p-10};
+        const double v = d ? 1.0 + 0x1p-9 + 0x1p-18 : 1.0 + 0x1p-9;
+        for (int64_t m = 0; m < 4; m++)
+            for (int64_t k = 0; k < 256; k++)
+                encode(E.x, m * 256 + k, k == at[m] ? v * times[m] : 0.0, t);
+        ran = -1;
+        CHECK(run_amx(&E, 0, 0, &ran) == AWQ_OK && ran == 1);
+        for (int64_t m = 0; m < 4; m++)
+            for (int64_t n = 0; n < 72; n++) {
+                const int64_t k = at[m], g = k / 128;
+                const int q = nibble(E.qw + k * 9, n), z = nibble(E.qz + g * 9, n);
+                const double x = decode(E.x, m * 256 + k, t), sc = decode(E.sc, g * 72 + n, t);
+                const double want = round_dtype((float)(x * (q - z) * sc), t);
+                CHECK(decode(E.y, m * 72 + n, t) == want);
+            }
+        free_problem(&E);
+    }
+    /* an odd G, or float16 and float32 with G neither a multiple of 32 nor
+     * K, goes to awq_cpu_linear's kernel */
     rng_state = 31;
     problem O = make_problem(3, 63, 16, 21, AWQ_BF16, 0, 0);
     ran = -1;
     CHECK(run_amx(&O, 0, 0, &ran) == AWQ_OK && ran == 0);
     free_problem(&O);
-    problem F = make_problem(3, 64, 16, 16, AWQ_F32, 0, 0);
-    ran = -1;
-    CHECK(run_amx(&F, 0, 0, &ran) == AWQ_OK && ran == 0);
-    free_problem(&F);
+    for (int d = 0; d < 2; d++) {
+        problem F = make_problem(3, 64, 16, 16, d ? AWQ_F32 : AWQ_F16, 0, 0);
+        ran = -1;
+        CHECK(run_amx(&F, 0, 0, &ran) == AWQ_OK && ran == 0);
+        free_problem(&F);
+    }
     printf("amx: checked\n");
 }
 
