@@ -721,7 +721,7 @@ def test_awq_linear_scales_and_bias_may_be_parameters():
     """nn.Module moves a buffer it is given an nn.Parameter for into _parameters: the
     layer computes the same, and the gradients reach the parameters."""
     layer = make_awq(dtype=torch.float32)
-    x = torch.randn(3, 256)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = layer(x)
     layer.bias = nn.Parameter(layer.bias.clone())
@@ -740,8 +740,10 @@ def test_awq_linear_scales_and_bias_may_be_parameters():
     params(x).pow(2).sum().backward()
     ss, bs = scales.clone().requires_grad_(), bias.clone().requires_grad_()
     (x @ dense_weight(qweight, qzeros, ss) + bs).pow(2).sum().backward()
-    torch.testing.assert_close(params.scales.grad, ss.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(params.bias.grad, bs.grad, rtol=1e-4, atol=1e-4)
+    # a scale's gradient sums terms that cancel: its float32 error follows the largest
+    # gradient (thousands here), not its own size
+    for got, want in ((params.scales.grad, ss.grad), (params.bias.grad, bs.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
 def test_awq_linear_vmap_over_stacked_buffers():
