@@ -190,16 +190,23 @@ __attribute__((target("avx512f,avx512bw"))) static int all_below(const uint16_t 
 }
 
 /* The least exponent field of a nonzero value and the largest field of
- * any among n float32 values (a NaN or Inf: 255; a subnormal: 0), taken
- * into *lo and *hi. */
-__attribute__((target("avx512f"))) static void exponent_range(const float *src, int64_t n,
+ * any among n float32 or (bf16 set) bfloat16 values, which share them (a
+ * NaN or Inf: 255; a subnormal: 0), taken into *lo and *hi. */
+__attribute__((target("avx512f"))) static void exponent_range(const void *src, int64_t n, int bf16,
                                                                unsigned *lo, unsigned *hi)
 {
+    const float *f = src;
+    const uint16_t *h16 = src;
     const __m512i mag = _mm512_set1_epi32(0x7FFFFFFF);
     __m512i vlo = _mm512_set1_epi32((int)*lo), vhi = _mm512_set1_epi32((int)*hi);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
+        /* a bfloat16 value is the top half of a float32 */
+        __m512i v = bf16 ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                 (const __m256i *)(h16 + i))),
+                                             16)
+                         : _mm512_loadu_si512(f + i);
+        __m512i a = _mm512_and_si512(v, mag);
         __m512i e = _mm512_srli_epi32(a, 23);
         __mmask16 nz = _mm512_test_epi32_mask(a, a);
         vlo = _mm512_mask_min_epu32(vlo, nz, vlo, e);
@@ -207,40 +214,7 @@ __attribute__((target("avx512f"))) static void exponent_range(const float *src, 
     }
     unsigned l = (unsigned)_mm512_reduce_min_epu32(vlo), h = (unsigned)_mm512_reduce_max_epu32(vhi);
     for (; i < n; i++) {
-        uint32_t a = f32_bits(src[i]) & 0x7FFFFFFFu, e = a >> 23;
-        if (a != 0 && e < l)
-            l = e;
-        if (e > h)
-            h = e;
-    }
-    *lo = l;
-    *hi = h;
-}
-
-/* The same for n bfloat16 values. */
-__attribute__((target("avx512f,avx512bw"))) static void
-exponent_range_bf16(const uint16_t *src, int64_t n, unsigned *lo, unsigned *hi)
-{
-    const __m512i mag = _mm512_set1_epi16(0x7FFF);
-    __m512i vlo = _mm512_set1_epi16((short)*lo), vhi = _mm512_set1_epi16((short)*hi);
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i), mag);
-        __m512i e = _mm512_srli_epi16(a, 7);
-        __mmask32 nz = _mm512_test_epi16_mask(a, a);
-        vlo = _mm512_mask_min_epu16(vlo, nz, vlo, e);
-        vhi = _mm512_max_epu16(vhi, e);
-    }
-    uint16_t l16[32], h16[32];
-    _mm512_storeu_si512(l16, vlo);
-    _mm512_storeu_si512(h16, vhi);
-    unsigned l = *lo, h = *hi;
-    for (int j = 0; j < 32; j++) {
-        l = l16[j] < l ? l16[j] : l;
-        h = h16[j] > h ? h16[j] : h;
-    }
-    for (; i < n; i++) {
-        unsigned a = src[i] & 0x7FFFu, e = a >> 7;
+        uint32_t a = (bf16 ? (uint32_t)h16[i] << 16 : f32_bits(f[i])) & 0x7FFFFFFFu, e = a >> 23;
         if (a != 0 && e < l)
             l = e;
         if (e > h)
@@ -496,37 +470,26 @@ tile_block(const plan *pl, const scratch *s, int64_t r0, int64_t kb, int64_t k0,
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    if (pl->mode == AMX_F32) {
-        const uint16_t *a2 = pl->xp[1] + r0 * pl->Kp + k0, *a3 = pl->xp[2] + r0 * pl->Kp + k0;
+    if (pl->mode != AMX_BF16) { /* x's two or three parts against q - z */
+        const int three = pl->mode == AMX_F32;
+        const uint16_t *a2 = pl->xp[1] + r0 * pl->Kp + k0;
+        const uint16_t *a3 = three ? pl->xp[2] + r0 * pl->Kp + k0 : a2;
         for (int64_t k = k0; k < k1; k += 32, a += 32, a2 += 32, a3 += 32, b += 16 * nw * 2) {
             _tile_loadd(4, a, pl->Kp * 2);
             _tile_loadd(5, a2, pl->Kp * 2);
-            _tile_loadd(6, a3, pl->Kp * 2);
-#define AMX_F32_TILE(c, j)                                                                         \
+            if (three)
+                _tile_loadd(6, a3, pl->Kp * 2);
+#define AMX_PARTS_TILE(c, j)                                                                       \
     _tile_loadd(7, b + 32 * (j), nw * 4);                                                          \
     _tile_dpbf16ps(c, 4, 7);                                                                       \
     _tile_dpbf16ps(c, 5, 7);                                                                       \
+    if (three)                                                                                     \
     _tile_dpbf16ps(c, 6, 7)
-            AMX_F32_TILE(0, 0);
-            AMX_F32_TILE(1, 1);
-            AMX_F32_TILE(2, 2);
-            AMX_F32_TILE(3, 3);
-#undef AMX_F32_TILE
-        }
-    } else if (pl->mode == AMX_HALF) {
-        const uint16_t *a2 = pl->xp[1] + r0 * pl->Kp + k0;
-        for (int64_t k = k0; k < k1; k += 32, a += 32, a2 += 32, b += 16 * nw * 2) {
-            _tile_loadd(4, a, pl->Kp * 2);
-            _tile_loadd(5, a2, pl->Kp * 2);
-#define AMX_HALF_TILE(c, j)                                                                        \
-    _tile_loadd(7, b + 32 * (j), nw * 4);                                                          \
-    _tile_dpbf16ps(c, 4, 7);                                                                       \
-    _tile_dpbf16ps(c, 5, 7)
-            AMX_HALF_TILE(0, 0);
-            AMX_HALF_TILE(1, 1);
-            AMX_HALF_TILE(2, 2);
-            AMX_HALF_TILE(3, 3);
-#undef AMX_HALF_TILE
+            AMX_PARTS_TILE(0, 0);
+            AMX_PARTS_TILE(1, 1);
+            AMX_PARTS_TILE(2, 2);
+            AMX_PARTS_TILE(3, 3);
+#undef AMX_PARTS_TILE
         }
     }
     for (int64_t k = k0; k < k1 && pl->mode == AMX_BF16; k += 32, a += 32, b += 16 * nw * 2) {
@@ -706,13 +669,8 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
             return AWQ_OK;
     } else {
         unsigned xlo = 255, xhi = 0, slo = 255, shi = 0;
-        if (mode == AMX_F32) {
-            exponent_range(p->scales, nscales, &slo, &shi);
-            exponent_range(p->x, p->M * p->K, &xlo, &xhi);
-        } else {
-            exponent_range_bf16(p->scales, nscales, &slo, &shi);
-            exponent_range_bf16(p->x, p->M * p->K, &xlo, &xhi);
-        }
+        exponent_range(p->scales, nscales, mode == AMX_BF16, &slo, &shi);
+        exponent_range(p->x, p->M * p->K, mode == AMX_BF16, &xlo, &xhi);
         if (!range_ok(mode, xlo, xhi, slo, shi, p->K))
             return AWQ_OK;
     }

@@ -865,6 +865,27 @@ static void amx_value(awq_dtype t, double v, int where, int expect_ran)
     free_problem(&P);
 }
 
+/* Each bound on the exponents of x and the scales (the least, the largest)
+ * met and missed by one, and values outside them all (a subnormal, NaN,
+ * Inf); zero is always inside. */
+static void amx_bounds(awq_dtype t, int least_x, int least_s, int most_x, int most_s)
+{
+    amx_value(t, ldexp(1.0, least_x), 0, 1);
+    amx_value(t, -ldexp(1.0, least_x - 1), 0, 0);
+    amx_value(t, ldexp(1.0, least_s), 1, 1);
+    amx_value(t, ldexp(1.0, least_s - 1), 1, 0);
+    amx_value(t, ldexp(1.5, most_x), 0, 1);
+    amx_value(t, -ldexp(1.0, most_x + 1), 0, 0);
+    amx_value(t, ldexp(1.5, most_s), 1, 1);
+    amx_value(t, ldexp(1.0, most_s + 1), 1, 0);
+    static const double outside[] = {0x1p-130, NAN, -INFINITY};
+    for (int where = 0; where < 2; where++) {
+        amx_value(t, where ? 0.0 : -0.0, where, 1);
+        for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
+            amx_value(t, outside[i], where, 0);
+    }
+}
+
 static void test_amx(void)
 {
     rng_state = 77;
@@ -965,20 +986,7 @@ static void test_amx(void)
     const int least_bs = -112 - xlo > -126 ? -112 - xlo : -126;
     const int most_bx = 127 - 6 - 7 - shi;
     const int most_bs = 127 - 6 - 7 - xhi < 122 ? 127 - 6 - 7 - xhi : 122;
-    amx_value(AWQ_BF16, ldexp(1.0, least_bx), 0, 1);
-    amx_value(AWQ_BF16, -ldexp(1.0, least_bx - 1), 0, 0);
-    amx_value(AWQ_BF16, ldexp(1.0, least_bs), 1, 1);
-    amx_value(AWQ_BF16, ldexp(1.0, least_bs - 1), 1, 0);
-    amx_value(AWQ_BF16, ldexp(1.5, most_bx), 0, 1);
-    amx_value(AWQ_BF16, -ldexp(1.0, most_bx + 1), 0, 0);
-    amx_value(AWQ_BF16, ldexp(1.5, most_bs), 1, 1);
-    amx_value(AWQ_BF16, ldexp(1.0, most_bs + 1), 1, 0);
-    static const double outside[] = {0x1p-130, NAN, INFINITY};
-    for (int where = 0; where < 2; where++) {
-        amx_value(AWQ_BF16, where ? 0.0 : -0.0, where, 1);
-        for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
-            amx_value(AWQ_BF16, outside[i], where, 0);
-    }
+    amx_bounds(AWQ_BF16, least_bx, least_bs, most_bx, most_bs);
     /* float16: any finite x (subnormal and the largest included); scales
      * finite and below 2^12 */
     static const double x_inside[] = {0x1p-24, -0x1.ffcp-15, 65504.0, -0.0};
@@ -996,20 +1004,7 @@ static void test_amx(void)
     amx_exponents(AWQ_F32, 1, &slo, &shi);
     const int least_x = -103 - (slo < 0 ? slo : 0), least_s = -103 - xlo;
     const int most_x = 127 - 6 - 7 - (shi > 0 ? shi : 0), most_s = 127 - 6 - 7 - xhi; /* K = 128 */
-    amx_value(AWQ_F32, ldexp(1.0, least_x), 0, 1);
-    amx_value(AWQ_F32, -ldexp(1.0, least_x - 1), 0, 0);
-    amx_value(AWQ_F32, ldexp(1.0, least_s), 1, 1);
-    amx_value(AWQ_F32, ldexp(1.0, least_s - 1), 1, 0);
-    amx_value(AWQ_F32, ldexp(1.9, most_x), 0, 1);
-    amx_value(AWQ_F32, -ldexp(1.0, most_x + 1), 0, 0);
-    amx_value(AWQ_F32, ldexp(1.5, most_s), 1, 1);
-    amx_value(AWQ_F32, ldexp(1.0, most_s + 1), 1, 0);
-    static const double f32_outside[] = {NAN, -INFINITY, 0x1p-140};
-    for (size_t i = 0; i < sizeof f32_outside / sizeof f32_outside[0]; i++)
-        for (int where = 0; where < 2; where++)
-            amx_value(AWQ_F32, f32_outside[i], where, 0);
-    amx_value(AWQ_F32, -0.0, 0, 1);
-    amx_value(AWQ_F32, 0.0, 1, 1);
+    amx_bounds(AWQ_F32, least_x, least_s, most_x, most_s);
     /* float16 and float32: every part of x counts.  One nonzero x a row, a
      * signed power of two times 1 + 2^-9 (float16: parts 1 and 2^-9, so
      * scaled) or 1 + 2^-9 + 2^-18 (float32: 1, 2^-9, 2^-18): x (q - z) is
