@@ -1056,8 +1056,9 @@ def test_awq_linear_call_takes_a_compiled_call_and_patched_module_calls(monkeypa
     for name in ("__call__", "_call_impl"):  # torch.fx's tracer patches __call__
         seen = []
         unpatched = getattr(nn.Module, name)
-        monkeypatch.setattr(nn.Module, name,
-                            lambda self, *a, f=unpatched, **k: seen.append(self) or f(self, *a, **k))
+        monkeypatch.setattr(
+            nn.Module, name,
+            lambda self, *a, f=unpatched, **k: seen.append(self) or f(self, *a, **k))
         assert torch.equal(layer(x), layer.forward(x)) and layer in seen
         monkeypatch.undo()
 

@@ -224,18 +224,22 @@ __attribute__((target("avx512f"))) static void exponent_range(const void *src, i
     *hi = h;
 }
 
+/* A float32 value with its low 16 bits cleared: its top bfloat16 part. */
+__attribute__((target("avx512f"))) static inline __m512 hi_part(__m512 v)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+}
+
 /* n float32 values -> three bfloat16 parts each, x = x1 + x2 + x3 exactly
  * (values whose parts are normal; the caller checks). */
 __attribute__((target("avx512f,avx512bf16"))) static void
 split_f32(const float *src, int64_t n, uint16_t *x1, uint16_t *x2, uint16_t *x3)
 {
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(src + i);
-        __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
-        __m512 r = _mm512_sub_ps(v, h);
-        __m512 m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r), top));
+        __m512 h = hi_part(v), r = _mm512_sub_ps(v, h), m = hi_part(r);
         _mm256_storeu_si256((__m256i *)(x1 + i), (__m256i)_mm512_cvtneps_pbh(h));
         _mm256_storeu_si256((__m256i *)(x2 + i), (__m256i)_mm512_cvtneps_pbh(m));
         _mm256_storeu_si256((__m256i *)(x3 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(r, m)));
@@ -264,14 +268,6 @@ static int range_ok(amx_mode mode, unsigned xlo, unsigned xhi, unsigned slo, uns
     if (mode == AMX_F32)
         return ex >= -103 && ex + es >= -103 && Ex + (Es > 0 ? Es : 0) + 6 + lg <= 127;
     return ex >= -126 && es >= -126 && ex + es >= -112 && Ex + Es + 6 + lg <= 127 && Es <= 122;
-}
-
-/* A float16 value (as float32) with its low 16 bits cleared: its hi part,
- * a bfloat16 value. */
-__attribute__((target("avx512f"))) static inline __m512 hi_part(__m512 v)
-{
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
 }
 
 /* n float16 values -> their hi and lo parts as bfloat16 (finite values;

@@ -61,9 +61,10 @@ awq_status awq_cpu_linear(const awq_linear_problem *p, const awq_config *c);
 /* The fused linear on AMX tiles (cpu/amx.c), the same contract.  c->chunk:
  * output columns per work item, a multiple of 64 up to 1024 (0 = the
  * default).  Sets *ran to 1 when it computed y; 0 when the call is not one
- * the tiles can take (an odd G; float32 with G neither a multiple of 32
- * nor K; no AMX on this host or build; or a value of x or the scales
- * outside what cpu/amx.c takes), for awq_cpu_linear's kernel to run.
+ * the tiles can take (an odd G; float16 or float32 with G neither a
+ * multiple of 32 nor K; no AMX on this host or build; or a value of x or
+ * the scales outside what cpu/amx.c takes), for awq_cpu_linear's kernel
+ * to run.
  * Every configuration gives the same bits. */
 awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, int *ran);
 /* Rows of x per work item of the AMX kernel. */
@@ -73,7 +74,7 @@ awq_status awq_cpu_linear_amx(const awq_linear_problem *p, const awq_config *c, 
  * set (read once). */
 int awq_cpu_amx_ready(void);
 /* 1 when the AMX kernel may take problems of p's kind: K > 0, G even (for
- * float32 also a multiple of 32, or K), and awq_cpu_amx_ready().  (Its
+ * float16 and float32 also a multiple of 32, or K), and awq_cpu_amx_ready().  (Its
  * values may still send a call to awq_cpu_linear's kernel.) */
 int awq_cpu_amx_fits(const awq_linear_problem *p);
 /* The vector path the fused linear takes on this CPU: "avx512f+f16c",

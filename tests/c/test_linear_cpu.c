@@ -813,12 +813,18 @@ static awq_status run_amx(const problem *P, int threads, int64_t chunk, int *ran
     return awq_cpu_linear_amx(&p, &c, ran);
 }
 
-/* The least binary exponent of a nonzero value and the largest of any
- * among amx_value's x (where 0) or scales (1), as it makes them. */
-static void amx_exponents(awq_dtype t, int where, int *lo, int *hi)
+/* The problem amx_value and amx_exponents look at, the same every call. */
+static problem amx_problem(awq_dtype t)
 {
     rng_state = 4242;
-    problem P = make_problem(5, 128, 72, 32, t, 1, 0);
+    return make_problem(5, 128, 72, 32, t, 1, 0);
+}
+
+/* The least binary exponent of a nonzero value and the largest of any
+ * among amx_problem's x (where 0) or scales (1). */
+static void amx_exponents(awq_dtype t, int where, int *lo, int *hi)
+{
+    problem P = amx_problem(t);
     const int64_t n = where ? P.K / P.G * P.N : P.M * P.K;
     *lo = INT_MAX;
     *hi = INT_MIN;
@@ -839,8 +845,7 @@ static void amx_exponents(awq_dtype t, int where, int *lo, int *hi)
  * the AMX configuration then gives. */
 static void amx_value(awq_dtype t, double v, int where, int expect_ran)
 {
-    rng_state = 4242;
-    problem P = make_problem(5, 128, 72, 32, t, 1, 0);
+    problem P = amx_problem(t);
     encode(where ? P.sc : P.x, where ? 70 : 200, v, t);
     size_t bytes = (size_t)(P.M * P.N) * dsize(t);
     int ran = -1;
