@@ -12,6 +12,7 @@
 #include "dequantize.h"
 #include "dev.h"
 #include "linear.h"
+#include "module_call.h"
 
 #ifndef AWQ_VERSION
 #define AWQ_VERSION "0+unknown"
@@ -153,6 +154,10 @@ static PyMethodDef awq_methods[] = {
     {"build_info", py_build_info, METH_NOARGS, "What was compiled in."},
     {"_set_hooks", (PyCFunction)(void (*)(void))py_set_hooks, METH_FASTCALL,
      "Register the framework glue (allocator, stream hook, matmul, timed matmul)."},
+    {"_set_module_glue", (PyCFunction)(void (*)(void))awq_py_set_module_glue, METH_FASTCALL,
+     "Register what AWQLinear's call in C checks (awq_fast_dequant.torch)."},
+    {"_module_call", (PyCFunction)(void (*)(void))awq_py_module_call, METH_FASTCALL,
+     "_module_call(layer, args, kwargs): AWQLinear's eager call, or NotImplemented."},
     {"cache_path", awq_py_cache_path, METH_NOARGS, "Path of the autotune cache file."},
     {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
     {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},
@@ -188,6 +193,8 @@ static int awq_exec(PyObject *module)
     for (int i = 0; i < AWQ_KW_COUNT; i++)
         if (intern(&st->kw[i], kKwNames[i]) < 0)
             return -1;
+    if (awq_module_call_init(st) < 0)
+        return -1;
     st->max_version = Py_BuildValue("(ii)", AWQ_DLPACK_MAJOR, AWQ_DLPACK_MINOR);
     if (st->max_version == NULL)
         return -1;
@@ -212,7 +219,7 @@ static int awq_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->time_matmul_hook);
     for (int i = 0; i < st->api_cache_len; i++)
         Py_VISIT(st->api_cache[i].type);
-    return 0;
+    return awq_module_call_traverse(st, visit, arg);
 }
 
 static int awq_clear(PyObject *module)
@@ -227,6 +234,7 @@ static int awq_clear(PyObject *module)
     for (int i = 0; i < st->api_cache_len; i++)
         Py_CLEAR(st->api_cache[i].type);
     st->api_cache_len = 0;
+    awq_module_call_clear(st);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
     Py_CLEAR(st->str_exchange_api);

@@ -53,6 +53,39 @@ enum {
     AWQ_KW_COUNT
 };
 
+/* What AWQLinear's call in C reads (module_call.c): the objects the torch
+ * integration registers with _set_module_glue, in its argument order ... */
+enum {
+    AWQ_MC_MODULE_TYPE,      /* torch.nn.Module */
+    AWQ_MC_MODULE_CALL,      /* nn.Module.__call__ as torch defines it */
+    AWQ_MC_MODULE_CALL_IMPL, /* nn.Module._call_impl as torch defines it */
+    AWQ_MC_GLOBAL_HOOKS,     /* the global forward (pre) and backward (pre) hook dicts */
+    AWQ_MC_TRACING_STATE,    /* torch._C._get_tracing_state */
+    AWQ_MC_DISPATCH_MODES,   /* torch._C._len_torch_dispatch_stack */
+    AWQ_MC_GRAD_ENABLED,     /* torch.is_grad_enabled */
+    AWQ_MC_FORWARD_AD,       /* torch.autograd.forward_ad (its _current_level) */
+    AWQ_MC_TENSOR,           /* torch.Tensor */
+    AWQ_MC_FORWARD_FN,       /* AWQLinear.forward */
+    AWQ_MC_GLUE
+};
+/* ... and the attribute names it looks up, interned once.  The four hook
+ * dicts of a module are consecutive. */
+enum {
+    AWQ_MC_COMPILED,
+    AWQ_MC_FORWARD_PRE,
+    AWQ_MC_FORWARD_HOOKS,
+    AWQ_MC_BACKWARD_PRE,
+    AWQ_MC_BACKWARD_HOOKS,
+    AWQ_MC_FORWARD,
+    AWQ_MC_SIBLINGS,
+    AWQ_MC_BUFFERS,
+    AWQ_MC_CALL,
+    AWQ_MC_CALL_IMPL,
+    AWQ_MC_REQUIRES_GRAD,
+    AWQ_MC_LEVEL,
+    AWQ_MC_NAMES
+};
+
 /* Warnings about the cache file, each kind given once per module. */
 enum { AWQ_WARN_LOAD, AWQ_WARN_SAVE, AWQ_WARN_CLEAR, AWQ_WARN_KINDS };
 
@@ -77,6 +110,9 @@ typedef struct {
     awq_table *table;           /* autotune cache */
     int table_loaded;
     int autotune;               /* AWQ_FAST_DEQUANT_AUTOTUNE, read at first use: 0 unread, 1 on, 2 off */
+    PyObject *mc_glue[AWQ_MC_GLUE];   /* NULL until registered */
+    PyObject *mc_names[AWQ_MC_NAMES];
+    PyObject *mc_kwnames;             /* ("group_size",) */
     int warned[AWQ_WARN_KINDS];
     char cache_file[4096];
     /* Device part of each autotune key, built once per device: a cache hit

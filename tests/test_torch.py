@@ -979,12 +979,86 @@ def python_frames(fn):
 def test_awq_linear_call_skips_nn_module_only_while_nothing_needs_it():
     layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
     with torch.no_grad():
-        frames = python_frames(lambda: layer(x))
-        assert "forward" in frames and "_call_impl" not in frames
+        frames = python_frames(lambda: layer(x))  # linear() from C (csrc/module_call.c)
+        assert "forward" not in frames and "_call_impl" not in frames
         handle = layer.register_forward_hook(lambda module, args, out: None)
         assert "_call_impl" in python_frames(lambda: layer(x))
         handle.remove()
-        assert "_call_impl" not in python_frames(lambda: layer(x))
+        assert python_frames(lambda: layer(x)) == frames
+
+
+class _PlusOne(AWQLinear):
+    def forward(self, x):
+        return super().forward(x) + 1
+
+
+def _declined_call(case, layer, x):
+    """A call of layer on x that the C call must leave to Python, and its result
+    computed another way."""
+    if case == "x not contiguous":
+        xt = x.t().contiguous().t()
+        return lambda: layer(xt), layer.forward(x)
+    if case == "x by keyword":
+        return lambda: layer(x=x), layer.forward(x)
+    if case == "x a subclass":
+        sub = x.as_subclass(nn.Parameter)
+        return lambda: layer(sub), layer.forward(x)
+    if case == "forward of a subclass":
+        plus = _PlusOne.from_tensors(layer.qweight, layer.qzeros, layer.scales, layer.bias)
+        return lambda: plus(x), layer.forward(x) + 1
+    if case == "forward on the instance":
+        other = make_awq(dtype=torch.float32)
+        other.forward = lambda t: layer.forward(t) * 2
+        return lambda: other(x), layer.forward(x) * 2
+    if case == "scales a parameter":
+        other = make_awq(dtype=torch.float32)
+        other.scales = nn.Parameter(other.scales.clone(), requires_grad=False)
+        return lambda: other(x), layer.forward(x)
+    if case == "a dispatch mode":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        def under_mode():
+            with Count():
+                y = layer(x)
+            assert any("awq_fast_dequant" in op for op in Count.ops)
+            return y
+        return under_mode, layer.forward(x)
+    if case == "a forward-mode AD level":
+        import torch.autograd.forward_ad as fwAD
+
+        def dual():
+            with fwAD.dual_level():
+                return fwAD.unpack_dual(layer(fwAD.make_dual(x, torch.ones_like(x)))).primal
+        return dual, layer.forward(x)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["x not contiguous", "x by keyword", "x a subclass",
+                                  "forward of a subclass", "forward on the instance",
+                                  "scales a parameter", "a dispatch mode",
+                                  "a forward-mode AD level"])
+def test_awq_linear_c_call_leaves_to_python_what_needs_it(case):
+    layer, x = make_awq(dtype=torch.float32), torch.randn(2, 256)
+    with torch.no_grad():
+        call, want = _declined_call(case, layer, x)
+        frames = python_frames(lambda: torch.testing.assert_close(call(), want, rtol=0, atol=0))
+    assert "forward" in frames
+
+
+def test_awq_linear_c_call_leaves_to_python_what_autograd_records():
+    layer = make_awq(dtype=torch.float32)
+    x = torch.randn(2, 256, requires_grad=True)
+    frames = python_frames(lambda: layer(x).sum().backward())
+    assert "forward" in frames and x.grad is not None
+    with torch.no_grad():
+        assert "forward" not in python_frames(lambda: layer(x))
 
 
 def _hooked(kind, layer, calls):

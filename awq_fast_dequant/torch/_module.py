@@ -29,6 +29,7 @@ _BUFFERS = ("qweight", "qzeros", "scales", "bias")
 
 # C, not Python: the eager forward pays no frame between the module and the launch.
 _linear = _afd.linear
+_module_call = _afd._C._module_call
 _TENSOR = torch.Tensor
 _FWAD = _ops.FWAD
 _is_functorch_wrapped = _C._functorch.is_functorch_wrapped_tensor
@@ -42,9 +43,11 @@ _is_grad_enabled = torch.is_grad_enabled
 # patches __call__), the module's hooks and the global ones
 # (torch.nn.modules.module), TorchScript tracing. AWQLinear's call checks the
 # same and, where none of it is in play, calls forward without nn.Module's two
-# frames (0.45 of the 1.7 us the module added to linear() on a 2-core VM);
-# anything else goes through nn.Module's call. A torch that keeps these elsewhere gets
-# nn.Module's call always.
+# frames; anything else goes through nn.Module's call. Before that, in eager
+# mode, the C extension makes these checks and forward's own and runs linear()
+# itself (csrc/module_call.c): in Python they cost about 1.2 us a call on a
+# 2-core VM, in C about 0.2. A torch that keeps these elsewhere gets nn.Module's
+# call always.
 _MODULE_CALL = getattr(nn.Module, "_wrapped_call_impl", None)
 _MODULE_CALL_IMPL = getattr(nn.Module, "_call_impl", None)
 _GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, f"_global_{kind}_hooks", None)
@@ -167,6 +170,10 @@ class AWQLinear(nn.Module):
 
     if _OWN_CALL:
         def __call__(self, *args, **kwargs):
+            if not _is_compiling():  # torch.compile folds this and traces the rest
+                y = _module_call(self, args, kwargs)
+                if y is not NotImplemented:
+                    return y
             forward_pre, forward, backward_pre, backward = _GLOBAL_HOOKS
             if (self._compiled_call_impl is None and nn.Module.__call__ is _MODULE_CALL
                     and nn.Module._call_impl is _MODULE_CALL_IMPL
@@ -421,7 +428,14 @@ class AWQLinear(nn.Module):
                 f"qweight=[{K}, {N // 8}], qzeros=[{K // G}, {N // 8}], scales=[{K // G}, {N}]")
 
 
+if _OWN_CALL:  # what _module_call checks (csrc/module_call.c)
+    _afd._C._set_module_glue(nn.Module, _MODULE_CALL, _MODULE_CALL_IMPL, _GLOBAL_HOOKS,
+                             _get_tracing_state, _C._len_torch_dispatch_stack,
+                             _is_grad_enabled, _FWAD, _TENSOR, AWQLinear.forward)
+
+
 # --- quantize_model -----------------------------------------------------------
+
 
 def _skip_matcher(skip):
     """A predicate on module names from `skip`: strings match as substrings of
