@@ -45,9 +45,9 @@ _is_grad_enabled = torch.is_grad_enabled
 # same and, where none of it is in play, calls forward without nn.Module's two
 # frames; anything else goes through nn.Module's call. Before that, in eager
 # mode, the C extension makes these checks and forward's own and runs linear()
-# itself (csrc/module_call.c): in Python they cost about 1.2 us a call on a
-# 2-core VM, in C about 0.2. A torch that keeps these elsewhere gets nn.Module's
-# call always.
+# itself (csrc/module_call.c), at a fraction of their cost in Python
+# (docs/BENCHMARKS.md, host overhead). A torch that keeps these elsewhere gets
+# nn.Module's call always.
 _MODULE_CALL = getattr(nn.Module, "_wrapped_call_impl", None)
 _MODULE_CALL_IMPL = getattr(nn.Module, "_call_impl", None)
 _GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, f"_global_{kind}_hooks", None)
