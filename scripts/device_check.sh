@@ -2,7 +2,8 @@
 # Everything the GPU half needs checked, in one call on a CUDA machine:
 # build, the test suite, the compute-sanitizer sweep, the full benchmark, four
 # host-only reruns of the benchmark (two per launch path), the host-time
-# probe, the linear benchmark (bench --linear), the decoder-layer, mixture-of-
+# probe with AWQLinear's call (scripts/module_call_ab.py), the linear benchmark
+# (bench --linear), the decoder-layer, mixture-of-
 # experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
 # compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
@@ -82,6 +83,8 @@ for path in driver runtime driver runtime; do
     unset AWQ_FAST_DEQUANT_RUNTIME_LAUNCH
 done
 python3 "$R/scripts/host_probe.py" > "$OUT/host_probe.tmp" 2>&1
+# AWQLinear over linear(): its eager call in C against the checks in Python.
+python3 "$R/scripts/module_call_ab.py" >> "$OUT/host_probe.tmp" 2>&1
 # linear(): every path against the dense matmul over M, the targets' verdict.
 # The host overhead of linear() is in the runs above; the autotune cache is
 # the same fresh one, so auto tunes here.
