@@ -110,26 +110,13 @@ static int empty_dict_at(PyObject *d, PyObject *key)
     return PyDict_Check(v) && PyDict_GET_SIZE(v) == 0;
 }
 
-/* 1 when type's attribute name is the object expected, 0 when not, -1
- * with an exception. */
-static int attr_is(PyObject *type, PyObject *name, PyObject *expected)
+/* 1 when v (a new reference, released here) is the object expected, 0
+ * when not, -1 when v is NULL (an exception is set). */
+static int same_as(PyObject *v, PyObject *expected)
 {
-    PyObject *v = PyObject_GetAttr(type, name);
     if (v == NULL)
         return -1;
     int same = v == expected;
-    Py_DECREF(v);
-    return same;
-}
-
-/* 1 when callable() returns want (compared by identity), 0 when it
- * returns something else, -1 with an exception. */
-static int returns(PyObject *callable, PyObject *want)
-{
-    PyObject *v = PyObject_CallNoArgs(callable);
-    if (v == NULL)
-        return -1;
-    int same = v == want;
     Py_DECREF(v);
     return same;
 }
@@ -165,12 +152,14 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(globals); i++)
         if (PyDict_GET_SIZE(PyTuple_GET_ITEM(globals, i)) != 0)
             return 0;
-    int r = attr_is(glue[AWQ_MC_MODULE_TYPE], name[AWQ_MC_CALL], glue[AWQ_MC_MODULE_CALL]);
+    /* nn.Module's call as torch defines it; AWQLinear's forward */
+    PyObject *module_type = glue[AWQ_MC_MODULE_TYPE], *type = (PyObject *)Py_TYPE(layer);
+    int r = same_as(PyObject_GetAttr(module_type, name[AWQ_MC_CALL]), glue[AWQ_MC_MODULE_CALL]);
     if (r == 1)
-        r = attr_is(glue[AWQ_MC_MODULE_TYPE], name[AWQ_MC_CALL_IMPL],
+        r = same_as(PyObject_GetAttr(module_type, name[AWQ_MC_CALL_IMPL]),
                     glue[AWQ_MC_MODULE_CALL_IMPL]);
     if (r == 1)
-        r = attr_is((PyObject *)Py_TYPE(layer), name[AWQ_MC_FORWARD], glue[AWQ_MC_FORWARD_FN]);
+        r = same_as(PyObject_GetAttr(type, name[AWQ_MC_FORWARD]), glue[AWQ_MC_FORWARD_FN]);
     if (r != 1)
         return r;
 
@@ -184,7 +173,7 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
         r = v == Py_None;
     else
         r = PyErr_Occurred() ? -1
-                             : attr_is((PyObject *)Py_TYPE(layer), name[AWQ_MC_COMPILED], Py_None);
+                             : same_as(PyObject_GetAttr(type, name[AWQ_MC_COMPILED]), Py_None);
     if (r == 1 && (PyDict_GetItemWithError(d, name[AWQ_MC_FORWARD]) != NULL || PyErr_Occurred()))
         r = 0;
     if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_SIBLINGS])) != NULL && v != Py_None)
@@ -207,7 +196,7 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
         return PyErr_Occurred() ? -1 : 0;
 
     /* no trace, dispatch mode or forward-mode AD level */
-    r = returns(glue[AWQ_MC_TRACING_STATE], Py_None);
+    r = same_as(PyObject_CallNoArgs(glue[AWQ_MC_TRACING_STATE]), Py_None);
     if (r == 1) {
         PyObject *n = PyObject_CallNoArgs(glue[AWQ_MC_DISPATCH_MODES]);
         r = n == NULL ? -1 : PyLong_Check(n) && PyLong_AsLong(n) == 0;
@@ -219,7 +208,7 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
         Py_XDECREF(level);
     }
     /* nothing for autograd to record */
-    int grad = r == 1 ? returns(glue[AWQ_MC_GRAD_ENABLED], Py_True) : 0;
+    int grad = r == 1 ? same_as(PyObject_CallNoArgs(glue[AWQ_MC_GRAD_ENABLED]), Py_True) : 0;
     if (grad < 0)
         return -1;
     for (int i = 0; r == 1 && grad && i < 3; i++) {
