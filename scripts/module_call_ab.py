@@ -2,14 +2,15 @@
 """AWQLinear's host time over linear() with its eager call in C
 (csrc/module_call.c) and with the same checks in Python, in one process.
 
-The Python call is forced by registering the C call's glue with a tensor type
-no x has, so that every call goes back to Python (which adds the declined C
-call, a few tens of nanoseconds); the two are alternated round by round, so
-that the host's drift cancels. On a GPU the calls are timed while a sleeping
-kernel keeps the device busy, so that no call waits on it (DESIGN.md section
-6, host overhead). One token through a 4096x4096 layer in float16 on CUDA; on
-the host a 128x64 one in float32, whose kernel is short next to the host's
-time (G = 128 both).
+The C call takes x passed by position only; a call with x by keyword
+(``layer(x=x)``) is left to the layer's Python call, which makes the same
+checks and calls forward (plus the declined C call, a few tens of
+nanoseconds). The two are alternated round by round, so that the host's drift
+cancels. On a GPU the calls are timed while a sleeping kernel keeps the
+device busy, so that no call waits on it (DESIGN.md section 6, host
+overhead). One token through a 4096x4096 layer in float16 on CUDA; on the
+host a 128x64 one in float32, whose kernel is short next to the host's time
+(G = 128 both).
 
     python scripts/module_call_ab.py [--device cuda|cpu] [--rounds 40] [--calls 200]
 """
@@ -20,7 +21,6 @@ import time
 import torch
 
 import awq_fast_dequant as awq
-import awq_fast_dequant.torch._module as module
 from awq_fast_dequant.torch import AWQLinear
 
 SLEEP_CYCLES = 200_000_000  # about 0.1 s of GPU time: longer than 1,000 calls
@@ -43,34 +43,26 @@ def main():
                                    .to(device))
     x = torch.randn(1, K, device=device, dtype=dtype)
     qw, qz, sc = layer.qweight, layer.qzeros, layer.scales
-    glue = [torch.nn.Module, module._MODULE_CALL, module._MODULE_CALL_IMPL, module._GLOBAL_HOOKS,
-            module._get_tracing_state, torch._C._len_torch_dispatch_stack, module._is_grad_enabled,
-            module._FWAD, module._TENSOR, AWQLinear.forward]
-    python_only = glue[:8] + [int] + glue[9:]
-    cases = {"layer": lambda: layer(x),
-             "linear": lambda: awq.linear(x, qw, qz, sc, None, group_size=128)}
+    linear = lambda: awq.linear(x, qw, qz, sc, None, group_size=128)
+    cases = {"C": (lambda: layer(x), linear), "Python": (lambda: layer(x=x), linear)}
     diff = {"C": [], "Python": []}
-    try:
-        with torch.no_grad():
-            for fn in cases.values():
-                fn()
-            for rnd in range(args.rounds):
-                for mode in ("C", "Python") if rnd % 2 else ("Python", "C"):
-                    awq._C._set_module_glue(*(glue if mode == "C" else python_only))
-                    took = {}
-                    for name, fn in cases.items():
-                        if cuda:
-                            torch.cuda.synchronize(device)
-                            torch.cuda._sleep(SLEEP_CYCLES)
-                        t0 = time.perf_counter_ns()
-                        for _ in range(args.calls):
-                            fn()
-                        took[name] = (time.perf_counter_ns() - t0) / 1000 / args.calls
-                    diff[mode].append(took["layer"] - took["linear"])
-            if cuda:
-                torch.cuda.synchronize(device)
-    finally:
-        awq._C._set_module_glue(*glue)
+    with torch.no_grad():
+        for fn in cases["C"] + cases["Python"][:1]:
+            fn()
+        for rnd in range(args.rounds):
+            for mode in ("C", "Python") if rnd % 2 else ("Python", "C"):
+                took = []
+                for fn in cases[mode]:
+                    if cuda:
+                        torch.cuda.synchronize(device)
+                        torch.cuda._sleep(SLEEP_CYCLES)
+                    t0 = time.perf_counter_ns()
+                    for _ in range(args.calls):
+                        fn()
+                    took.append((time.perf_counter_ns() - t0) / 1000 / args.calls)
+                diff[mode].append(took[0] - took[1])
+        if cuda:
+            torch.cuda.synchronize(device)
     name = torch.cuda.get_device_name(device) if cuda else "the host"
     print(f"AWQLinear - linear(), us per call, {name}, {args.rounds} rounds of {args.calls} calls:")
     for mode, v in diff.items():
