@@ -135,8 +135,9 @@ static int requires_grad(awq_state *st, PyObject *tensor)
     return r;
 }
 
-/* 1 when the layer may run linear() here, with x, the four buffers and G
- * (borrowed) in call[0..5]; 0 when not; -1 with an exception. */
+/* 1 when the layer may run linear() here, with new references to x, the
+ * four buffers and G in call[0..5]; 0 when not, -1 with an exception,
+ * either way with call[] empty. */
 static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwargs,
                    PyObject *call[6])
 {
@@ -190,7 +191,10 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
             r = 0;
     if (r == 1 && (call[5] = PyDict_GetItemWithError(d, st->kw[AWQ_KW_GROUP_SIZE])) == NULL)
         r = 0;
-    /* the dict keeps the buffers and G alive; the layer keeps the dict */
+    /* Held from here: the calls below may run Python code (a collection's
+     * finalizers), which could take them out of the layer's dict. */
+    for (int i = 0; i < 6; i++)
+        call[i] = r == 1 ? Py_NewRef(call[i]) : NULL;
     Py_DECREF(d);
     if (r != 1)
         return PyErr_Occurred() ? -1 : 0;
@@ -210,11 +214,13 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
     /* nothing for autograd to record */
     int grad = r == 1 ? same_as(PyObject_CallNoArgs(glue[AWQ_MC_GRAD_ENABLED]), Py_True) : 0;
     if (grad < 0)
-        return -1;
+        r = -1;
     for (int i = 0; r == 1 && grad && i < 3; i++) {
         int g = requires_grad(st, call[i == 0 ? 0 : i + 2]); /* x, scales, bias */
         r = g < 0 ? -1 : !g;
     }
+    for (int i = 0; r != 1 && i < 6; i++)
+        Py_CLEAR(call[i]);
     return r;
 }
 
@@ -229,13 +235,9 @@ PyObject *awq_py_module_call(PyObject *module, PyObject *const *args, Py_ssize_t
     const int r = may_run(st, args[0], args[1], args[2] == Py_None ? NULL : args[2], call);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-    /* borrowed: the layer's dict holds them, and the caller holds the layer */
-    PyObject *held[6];
+    PyObject *y = awq_py_linear(module, call, 5, st->mc_kwnames);
     for (int i = 0; i < 6; i++)
-        held[i] = Py_NewRef(call[i]); /* linear() may run Python code (hooks, allocator) */
-    PyObject *y = awq_py_linear(module, held, 5, st->mc_kwnames);
-    for (int i = 0; i < 6; i++)
-        Py_DECREF(held[i]);
+        Py_DECREF(call[i]);
     if (y == NULL && (PyErr_ExceptionMatches(PyExc_TypeError) ||
                       PyErr_ExceptionMatches(PyExc_ValueError) ||
                       PyErr_ExceptionMatches(PyExc_RuntimeError))) {
