@@ -38,7 +38,8 @@
 #include "linear.h"
 #include "module_call.h"
 
-/* The instance attributes the checks read, interned once. */
+/* The attributes the checks read (of the layer, its type, nn.Module, a
+ * tensor, forward_ad), interned once. */
 static const char *const kNames[AWQ_MC_NAMES] = {
     [AWQ_MC_COMPILED] = "_compiled_call_impl",
     [AWQ_MC_FORWARD_PRE] = "_forward_pre_hooks",
