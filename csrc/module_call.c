@@ -122,18 +122,13 @@ static int same_as(PyObject *v, PyObject *expected)
     return same;
 }
 
-/* 1 when tensor.requires_grad is True (None counts as not), -1 with an
+/* 1 when tensor.requires_grad is True (None has none), -1 with an
  * exception. */
 static int requires_grad(awq_state *st, PyObject *tensor)
 {
-    if (tensor == Py_None)
-        return 0;
-    PyObject *v = PyObject_GetAttr(tensor, st->mc_names[AWQ_MC_REQUIRES_GRAD]);
-    if (v == NULL)
-        return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
+    return tensor == Py_None
+               ? 0
+               : same_as(PyObject_GetAttr(tensor, st->mc_names[AWQ_MC_REQUIRES_GRAD]), Py_True);
 }
 
 /* 1 when the layer may run linear() here, with new references to x, the

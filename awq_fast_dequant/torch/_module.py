@@ -436,7 +436,6 @@ if _OWN_CALL:  # what _module_call checks (csrc/module_call.c)
 
 # --- quantize_model -----------------------------------------------------------
 
-
 def _skip_matcher(skip):
     """A predicate on module names from `skip`: strings match as substrings of
     the dotted name (the rule of modules_to_not_convert in AutoAWQ and in
