@@ -5,7 +5,8 @@
 # probe with AWQLinear's call (scripts/module_call_ab.py), the linear benchmark
 # (bench --linear), the decoder-layer, mixture-of-
 # experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
-# compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu).
+# compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu) and the
+# shared-memory prefill probe (scripts/prefill_smem_probe.py).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -112,6 +113,9 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; t
     nvcc -O3 -std=c++17 -I "$R/csrc" -gencode arch=compute_90a,code=sm_90a "$R/scripts/wgmma_probe.cu" -o /tmp/wgmma_probe &&
         /tmp/wgmma_probe > "$OUT/wgmma_probe.txt" 2>&1
     echo "wgmma probe rc $?" >> "$OUT/wgmma_probe.txt"
+    # A prefill GEMM with W dequantized into shared memory, against dense.
+    python3 "$R/scripts/prefill_smem_probe.py" > "$OUT/prefill_smem.txt" 2>&1
+    echo "prefill smem probe rc $?" >> "$OUT/prefill_smem.txt"
 fi
 
 # The summary (the device tool returns the end of the output).
@@ -130,3 +134,4 @@ grep -E "^tokens|rc [0-9]" "$OUT/moe.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"
+[ -f "$OUT/prefill_smem.txt" ] && tail -7 "$OUT/prefill_smem.txt"
