@@ -93,6 +93,25 @@ def graph_of(fns):
     return g
 
 
+def time_graphs(graphs, ways, names, trials, device, title):
+    """Replays graphs[(way, name)] after an L2 flush, trials x 10 in random
+    order, and prints the medians, a row per way, with "all" against dense."""
+    timer = CudaTimer(torch, device, 2 * torch.cuda.get_device_properties(device).L2_cache_size + (256 << 20))
+    samples = {k: [] for k in graphs}
+    keys, rnd = list(graphs), random.Random(0)
+    for _ in range(trials):
+        rnd.shuffle(keys)
+        for k in keys:
+            samples[k] += timer.run(graphs[k].replay, 10)[0]
+    names = names + ["all"]
+    print(f"{torch.cuda.get_device_name(device)}, {title}: median us (L2 flushed, CUDA graph, {trials} x 10)")
+    print(f"{'':12s}" + "".join(f"{n:>9s}" for n in names) + "  all / dense")
+    base = statistics.median(samples[("dense", "all")])
+    for way in ways:
+        med = [statistics.median(samples[(way, n)]) for n in names]
+        print(f"{way:12s}" + "".join(f"{m:9.2f}" for m in med) + f"  {med[-1] / base:.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=512, help="rows of x (default 512)")
@@ -125,21 +144,8 @@ def main():
         for L, fn in zip(layers, fns):
             graphs[(way, L["name"])] = graph_of([fn])
         graphs[(way, "all")] = graph_of(fns)
-    timer = CudaTimer(torch, device, 2 * torch.cuda.get_device_properties(device).L2_cache_size + (256 << 20))
-    samples = {k: [] for k in graphs}
-    keys, rnd = list(graphs), random.Random(0)
-    for _ in range(args.trials):
-        rnd.shuffle(keys)
-        for k in keys:
-            samples[k] += timer.run(graphs[k].replay, 10)[0]
-    names = [L["name"] for L in layers] + ["all"]
-    print(f"{torch.cuda.get_device_name(device)}, M = {args.tokens}, float16, G = {G}: median us "
-          f"(L2 flushed, CUDA graph, {args.trials} x 10)")
-    print(f"{'':12s}" + "".join(f"{n:>9s}" for n in names) + "  all / dense")
-    base = statistics.median(samples[("dense", "all")])
-    for way in ways:
-        med = [statistics.median(samples[(way, n)]) for n in names]
-        print(f"{way:12s}" + "".join(f"{m:9.2f}" for m in med) + f"  {med[-1] / base:.3f}")
+    time_graphs(graphs, list(ways), [L["name"] for L in layers], args.trials, device,
+                f"M = {args.tokens}, float16, G = {G}")
 
 
 if __name__ == "__main__":

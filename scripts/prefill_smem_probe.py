@@ -21,8 +21,6 @@ import argparse
 import ctypes
 import os
 import pathlib
-import random
-import statistics
 import subprocess
 import tempfile
 
@@ -32,11 +30,9 @@ import torch
 import torch.nn.functional as F
 
 import awq_fast_dequant as awq
-from awq_fast_dequant.bench import CudaTimer
+from prefill_chunks import SHAPES, graph_of, time_graphs  # the layer's projections, the timing
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHAPES = [("q", 4096, 4096), ("k", 4096, 1024), ("v", 4096, 1024), ("o", 4096, 4096),
-          ("gate", 4096, 14336), ("up", 4096, 14336), ("down", 14336, 4096)]
 SHIFTS = [0, 16, 4, 20, 8, 24, 12, 28]  # column j of a word: nibble j / 2 + 4 (j % 2), AWQ's order
 
 
@@ -96,15 +92,6 @@ def check(lib, device):
                 raise SystemExit("the probe disagrees with the reference")
 
 
-def graph_of(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=512, help="rows of x (default 512)")
@@ -134,27 +121,14 @@ def main():
         for way, fn in list(ways.items()):
             try:
                 for L in layers:
-                    graphs[(way, L["name"])] = graph_of(lambda L=L, fn=fn: fn(L))
-                graphs[(way, "all")] = graph_of(lambda fn=fn: [fn(L) for L in layers])
+                    graphs[(way, L["name"])] = graph_of([lambda L=L, fn=fn: fn(L)])
+                graphs[(way, "all")] = graph_of([lambda L=L, fn=fn: fn(L) for L in layers])
             except RuntimeError as e:  # a way that cannot be captured is left out, not the run
                 print(f"{way}: not captured ({e})")
                 graphs = {k: v for k, v in graphs.items() if k[0] != way}
                 del ways[way]
-        timer = CudaTimer(torch, device, 2 * torch.cuda.get_device_properties(device).L2_cache_size + (256 << 20))
-        samples = {k: [] for k in graphs}
-        keys, rnd = list(graphs), random.Random(0)
-        for _ in range(args.trials):
-            rnd.shuffle(keys)
-            for k in keys:
-                samples[k] += timer.run(graphs[k].replay, 10)[0]
-        names = [L["name"] for L in layers] + ["all"]
-        print(f"{torch.cuda.get_device_name(device)}, M = {M}, float16, G = {G}: median us "
-              f"(L2 flushed, CUDA graph, {args.trials} x 10)")
-        print(f"{'':10s}" + "".join(f"{n:>9s}" for n in names) + "  all / dense")
-        base = statistics.median(samples[("dense", "all")])
-        for way in ways:
-            row = [statistics.median(samples[(way, n)]) for n in names]
-            print(f"{way:10s}" + "".join(f"{v:9.1f}" for v in row) + f"  {row[-1] / base:.3f}")
+        time_graphs(graphs, list(ways), [L["name"] for L in layers], args.trials, device,
+                    f"M = {M}, float16, G = {G}")
 
 
 if __name__ == "__main__":
