@@ -6,7 +6,7 @@
 # (bench --linear), the decoder-layer, mixture-of-
 # experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
 # compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu) and the
-# shared-memory prefill probe (scripts/prefill_smem_probe.py).
+# two prefill probes (scripts/prefill_smem_probe.py, scripts/prefill_overlap_probe.py).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -116,6 +116,10 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; t
     # A prefill GEMM with W dequantized into shared memory, against dense.
     python3 "$R/scripts/prefill_smem_probe.py" > "$OUT/prefill_smem.txt" 2>&1
     echo "prefill smem probe rc $?" >> "$OUT/prefill_smem.txt"
+    # The next projection dequantized beside the GEMM, on a second stream (same file:
+    # few files come back from a device call).
+    python3 "$R/scripts/prefill_overlap_probe.py" 2>&1 | grep -v "Warning: " >> "$OUT/prefill_smem.txt"
+    echo "prefill overlap probe rc ${PIPESTATUS[0]}" >> "$OUT/prefill_smem.txt"
 fi
 
 # The summary (the device tool returns the end of the output).
@@ -134,4 +138,4 @@ grep -E "^tokens|rc [0-9]" "$OUT/moe.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"
-[ -f "$OUT/prefill_smem.txt" ] && tail -7 "$OUT/prefill_smem.txt"
+[ -f "$OUT/prefill_smem.txt" ] && grep -E "^(dense|linear|dequant\+mm|smem[0-9]+|ahead-st-40) |rc [0-9]" "$OUT/prefill_smem.txt"
