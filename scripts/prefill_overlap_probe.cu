@@ -124,7 +124,30 @@ __global__ void __launch_bounds__(1024) side_dequant_bulk_kernel(const uint32_t 
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// The store ceiling of the same grid: W's bytes written with zeros, nothing
+// read, the plain kernel's 16-byte stores in its order.
+__global__ void fill_kernel(uint4 *__restrict__ out, int words, long long items)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < items;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long c = i % words, k0 = i / words * kRows;
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            out[(k0 + r) * words + c] = make_uint4(0, 0, 0, 0);
+    }
+}
+
 }  // namespace
+
+// W's [K, N] float16 bytes written with zeros on the same grid; codes as below.
+extern "C" int fill_launch(void *out, int K, int N, int blocks, int threads, int smem, cudaStream_t stream)
+{
+    if (K < 1 || K % kRows || N % 8 || blocks < 1) return -1;
+    if (cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return -2;
+    fill_kernel<<<blocks, threads, smem, stream>>>(static_cast<uint4 *>(out), N / 8, (long long)(K / kRows) * (N / 8));
+    return cudaGetLastError() == cudaSuccess ? 0 : -3;
+}
 
 // 0 on success; -1 for a shape the kernel does not take, -2 when the shared
 // memory cannot be granted, -3 when the launch fails.

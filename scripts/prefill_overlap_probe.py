@@ -22,6 +22,8 @@ order, medians):
 - side-T-B: the probe's kernel alone on B blocks, all seven weights, its
   stores T: "st" plain 16-byte stores, "stcs" streaming stores, "bulk" a tile
   at a time through shared memory and the bulk copy engine;
+- fill-B: the same grid writing the seven weights' bytes with zeros and
+  reading nothing (the stores' ceiling);
 - ahead-T-B: each projection's matmul (S = B carved out) with the next
   projection's weights dequantized beside it on B blocks of a second stream;
   the first projection's dequantized by the package beforehand on the main
@@ -63,6 +65,7 @@ def build(out_dir):
                     "-fPIC", str(src), "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
     lib.side_dequant_launch.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    lib.fill_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
     return lib
 
 
@@ -148,6 +151,17 @@ def main():
                     side_dequant(L, n, mode)
             return run
 
+        scratch = torch.empty(max(L["K"] * L["N"] for L in layers), dtype=torch.float16, device=device)
+
+        def fill_all(n):  # into a buffer of its own: the matmuls' weights keep their values
+            def run():
+                for L in layers:
+                    rc = lib.fill_launch(scratch.data_ptr(), L["K"], L["N"], n, THREADS, SMEM,
+                                         torch.cuda.current_stream().cuda_stream)
+                    if rc:
+                        raise RuntimeError(f"fill_launch returned {rc}")
+            return run
+
         def ahead(n, mode, sms, steady):
             def run():
                 main_stream = torch.cuda.current_stream()
@@ -170,6 +184,7 @@ def main():
         ways.update({f"mm-c{n}": mm(n) for n in blocks})
         for mode, store in MODES.items():
             ways.update({f"side-{store}-{n}": side_all(n, mode) for n in blocks})
+        ways.update({f"fill-{n}": fill_all(n) for n in blocks})
         for mode, store in MODES.items():
             for n in blocks:
                 ways[f"ahead-{store}-{n}"] = ahead(n, mode, n, False)
