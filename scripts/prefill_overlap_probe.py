@@ -54,7 +54,12 @@ from prefill_chunks import SHAPES, graph_of, time_graphs  # the layer's projecti
 
 G = 128
 THREADS = 1024
-SMEM = 100 << 10  # more than half a multiprocessor's shared memory: one block each
+# Dynamic shared memory a block, unused: with it no GEMM block fits beside one of
+# these. One plain-store block (1,024 threads of 40 registers) fills more than
+# half of a multiprocessor's registers; two of the 32-register kernels (streaming
+# stores, stores only) could share one, but a grid this small is spread over
+# idle multiprocessors first.
+SMEM = 100 << 10
 MODES = {0: "st", 1: "stcs", 2: "bulk"}  # how the side kernel stores: plain, streaming, bulk copies
 
 
