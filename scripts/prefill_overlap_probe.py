@@ -50,9 +50,8 @@ import torch
 import torch.nn.functional as F
 
 import awq_fast_dequant as awq
-from prefill_chunks import SHAPES, graph_of, time_graphs  # the layer's projections, the timing
+from prefill_chunks import G, Whole, graph_of, make_layers, time_graphs  # the layer's projections, the timing
 
-G = 128
 THREADS = 1024
 # Dynamic shared memory a block, unused: with it no GEMM block fits beside one of
 # these. One plain-store block (1,024 threads of 40 registers) fills more than
@@ -102,17 +101,10 @@ def main():
     if torch.cuda.get_device_capability(device) != (9, 0):
         raise SystemExit("needs compute capability 9.0 (the kernel is built for sm_90)")
     blocks = [int(b) for b in args.blocks.split(",")]
-    gen = torch.Generator().manual_seed(0)
-    word = lambda *s: torch.randint(-2**31, 2**31, s, generator=gen).to(torch.int32).to(device)
-    layers = []
-    for name, K, N in SHAPES:
-        qw, qz = word(K, N // 8), word(K // G, N // 8)
-        sc = (torch.rand(K // G, N, generator=gen) * 0.01).half().to(device)
-        w = awq.dequantize(qw, qz, sc)
-        layers.append({"name": name, "K": K, "N": N, "qw": qw, "qz": qz, "sc": sc, "w": w, "wt": w.t().contiguous(),
-                       "x": torch.randn(args.tokens, K, generator=gen).half().to(device),
-                       "y": torch.empty(args.tokens, N, dtype=torch.float16, device=device),
-                       "buf": torch.empty(K, N, dtype=torch.float16, device=device)})
+    layers = make_layers(args.tokens, device)
+    wholes = [Whole(L) for L in layers]  # linear()'s dequantize path, and its buffers
+    for L, whole in zip(layers, wholes):
+        L["buf"], L["y"] = whole.w, whole.y
     side = torch.cuda.Stream(device)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,19 +121,18 @@ def main():
             for L in layers:
                 out = torch.full_like(L["buf"], float("nan"))
                 side_dequant(L, blocks[0], mode, out)
-                if not torch.equal(out, L["w"]):
+                if not torch.equal(out, L["dense"].t()):
                     raise SystemExit(f"the side kernel ({MODES[mode]}) differs from awq_fast_dequant.dequantize "
                                      f"on {L['name']}")
         print("the side kernel gives awq_fast_dequant.dequantize's bits on all seven weights, in every mode")
 
         def dense():
             for L in layers:
-                F.linear(L["x"], L["wt"])
+                F.linear(L["x"], L["dense"])
 
         def dequant_mm():
-            for L in layers:
-                awq.dequantize(L["qw"], L["qz"], L["sc"], out=L["buf"])
-                torch.mm(L["x"], L["buf"], out=L["y"])
+            for whole in wholes:
+                whole()
 
         def mm(sms):
             def run():
