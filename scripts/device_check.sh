@@ -6,7 +6,8 @@
 # (bench --linear), the decoder-layer, mixture-of-
 # experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
 # compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu) and the
-# two prefill probes (scripts/prefill_smem_probe.py, scripts/prefill_overlap_probe.py).
+# three prefill probes (scripts/prefill_smem_probe.py, scripts/prefill_overlap_probe.py,
+# scripts/prefill_reg_probe.py).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -120,6 +121,9 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; t
     # few files come back from a device call).
     python3 "$R/scripts/prefill_overlap_probe.py" 2>&1 | grep -v "Warning: " >> "$OUT/prefill_smem.txt"
     echo "prefill overlap probe rc ${PIPESTATUS[0]}" >> "$OUT/prefill_smem.txt"
+    # W from a layout prepared for each lane, loaded straight into wgmma's A registers.
+    python3 "$R/scripts/prefill_reg_probe.py" >> "$OUT/prefill_smem.txt" 2>&1
+    echo "prefill reg probe rc $?" >> "$OUT/prefill_smem.txt"
 fi
 
 # The summary (the device tool returns the end of the output).
