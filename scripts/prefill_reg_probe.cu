@@ -25,8 +25,9 @@
 // - its group's zero and scale operands prepared the same way, 16 bytes;
 // - x copied by the tensor memory accelerator (thread 0), mbarriers;
 // - wgmma.m64n256k16 at NT = 256: each dequantized weight feeds 256 rows.
-// The A registers of a stage are written while the tensor cores multiply the
-// stage before (two register sets, by stage parity).
+// Each k16 step is a commit group of its own, its A registers rewritten once
+// the same step of the stage before is complete: three steps stay queued on
+// the tensor cores while a warp dequantizes the next.
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -37,9 +38,6 @@
 
 #ifndef PROBE_AHEAD
 #define PROBE_AHEAD 2 /* 2 or 4 */
-#endif
-#ifndef PROBE_NODEQ
-#define PROBE_NODEQ 0 /* 1: the raw words as A, no dequantization (wrong sums: for timing only) */
 #endif
 
 namespace {
@@ -66,6 +64,7 @@ struct Args {
     const uint4 *pm; /* prepared operands [K/G][N/128][2][4][8] */
     char *y;
     int M, N, K, G, split;
+    int gshift; /* log2(G / 64) */
 };
 
 #if AWQ_WGMMA_CODE
@@ -134,24 +133,17 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT / 2], const uint32_t (&a)
 #undef D8
 #undef REG_D128
 
-/* Why: orders the writes of a stage's 16 A registers before the wgmma that read them. */
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[4][4])
+/* Why: orders the writes of a step's 4 A registers before the wgmma that reads them. */
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[4])
 {
-    asm volatile("wgmma.fence.sync.aligned;"
-                 : "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]), "+r"(a[1][0]), "+r"(a[1][1]),
-                   "+r"(a[1][2]), "+r"(a[1][3]), "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]),
-                   "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3]));
+    asm volatile("wgmma.fence.sync.aligned;" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]));
 }
 
-/* Why: the 16 A registers of a stage from the lane's 4 prepared words and its group's operands. */
-template <class T> __device__ __forceinline__ void dequant_stage(uint32_t (&a)[4][4], const uint4 &q, const uint4 &op)
+/* Why: waits until at most N of the warp's wgmma groups are pending; the word the next
+ * step dequantizes passes through it, so that the dequantization cannot move above it. */
+template <int N> __device__ __forceinline__ void wait_passing(uint32_t &word)
 {
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        gemv::dequant_pairs<T>(words[kk], op.x, op.y, op.z, op.w, a[kk][0], a[kk][1]);
-        gemv::dequant_pairs<T>(words[kk] >> 8, op.x, op.y, op.z, op.w, a[kk][2], a[kk][3]);
-    }
+    asm volatile("wgmma.wait_group.sync.aligned %1;" : "+r"(word) : "n"(N) : "memory");
 }
 
 #endif /* AWQ_WGMMA_CODE */
@@ -195,13 +187,12 @@ __global__ void __launch_bounds__(kThreads, 1) reg_kernel(const Args a, const __
     const uint4 *wp = a.pw + (size_t)nt * nst * kLaneStage + (h * 4 + w) * 32 + lane;
     const uint4 *mp = a.pm + (size_t)nt * kLaneGroup + (h * 4 + w) * 8 + g;
     const size_t m_pitch = (size_t)ntiles * kLaneGroup;
-    const int spg = a.G / kBK;
     constexpr int PF = PROBE_AHEAD; /* stages the words are loaded ahead */
     uint4 qv[PF], mv[PF];
     auto fetch = [&](int s, int slot) {
         s = s < s_end ? s : s_end - 1; /* past the slice: a harmless reload, no branch */
         qv[slot] = __ldg(wp + (size_t)s * kLaneStage);
-        mv[slot] = __ldg(mp + (size_t)(s / spg) * m_pitch);
+        mv[slot] = __ldg(mp + (size_t)(s >> a.gshift) * m_pitch);
     };
 #pragma unroll
     for (int p = 0; p < PF; ++p) fetch(s_begin + p, p);
@@ -209,33 +200,38 @@ __global__ void __launch_bounds__(kThreads, 1) reg_kernel(const Args a, const __
     float acc[NT / 2];
 #pragma unroll
     for (int e = 0; e < NT / 2; ++e) acc[e] = 0.0f;
-    uint32_t af[2][4][4];
-
+    /* Each k16 step is a commit group of its own.  Step kk of stage s rewrites af[kk] once
+     * step kk of stage s - 1, its last reader, is complete: while a warp dequantizes a step,
+     * the three before it stay queued on the tensor cores.  (ptxas keeps the pipeline for
+     * at most three groups pending at a step's wait; with more it serializes every wgmma,
+     * C7513.) */
+    uint32_t af[4][4];
+    int j = 0, jr = 0;   /* the buffers of stages s and s - 1 */
+    uint32_t phase = 0;  /* the parity of buffer j's fills */
+    const uint64_t desc0 = wg::x_desc(base);
     auto stage = [&](int s, auto slot) {
-        constexpr int Q = decltype(slot)::value, P = Q % 2;
-        const int j = (s - s_begin) % S;
-#if PROBE_NODEQ
-        af[P][0][0] = qv[Q].x, af[P][1][0] = qv[Q].y, af[P][2][0] = qv[Q].z, af[P][3][0] = qv[Q].w;
-        af[P][0][1] = af[P][0][2] = af[P][0][3] = mv[Q].x;
-        af[P][1][1] = af[P][1][2] = af[P][1][3] = mv[Q].y;
-        af[P][2][1] = af[P][2][2] = af[P][2][3] = mv[Q].z;
-        af[P][3][1] = af[P][3][2] = af[P][3][3] = mv[Q].w;
-#else
-        dequant_stage<T>(af[P], qv[Q], mv[Q]); /* stage s - 2, the last reader of af[P], is complete */
-#endif
+        constexpr int Q = decltype(slot)::value;
+        uint32_t words[4] = {qv[Q].x, qv[Q].y, qv[Q].z, qv[Q].w};
+        const uint4 op = mv[Q];
         fetch(s + PF, Q);
-        mbar_wait(smem_addr(&full[j]), ((s - s_begin) / S) & 1);
-        fence_regs(af[P]);
-        const uint32_t xs = base + j * kX;
+        const uint64_t desc = desc0 + (uint64_t)(j * (kX >> 4));
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_rs<T, NT>(acc, af[P][kk], wg::x_desc(xs + 32 * kk));
-        wg::wgmma_commit();
-        wg::wgmma_wait<1>(); /* stage s - 1 is complete: its buffer may be refilled */
-        if (s > s_begin) {
-            const int jp = (s - 1 - s_begin) % S;
-            if (lane == 0) mbar_arrive(smem_addr(&empty[jp]));
-            if (tid == 0 && s - 1 + S < s_end) produce(s - 1 + S);
+        for (int kk = 0; kk < 4; ++kk) {
+            wait_passing<3>(words[kk]); /* step kk of stage s - 1 is complete */
+            gemv::dequant_pairs<T>(words[kk], op.x, op.y, op.z, op.w, af[kk][0], af[kk][1]);
+            gemv::dequant_pairs<T>(words[kk] >> 8, op.x, op.y, op.z, op.w, af[kk][2], af[kk][3]);
+            if (kk == 0) mbar_wait(smem_addr(&full[j]), phase);
+            fence_regs(af[kk]);
+            wgmma_rs<T, NT>(acc, af[kk], desc + 2 * kk);
+            wg::wgmma_commit();
         }
+        if (s > s_begin) { /* all of stage s - 1 is complete: its buffer may be refilled */
+            if (lane == 0) mbar_arrive(smem_addr(&empty[jr]));
+            if (tid == 0 && s - 1 + S < s_end) produce(s - 1 + S);
+            jr = jr + 1 == S ? 0 : jr + 1;
+        }
+        j = j + 1 == S ? 0 : j + 1;
+        phase ^= j == 0;
     };
     for (int s = s_begin; s < s_end; s += PF) {
         stage(s, std::integral_constant<int, 0>());
@@ -352,8 +348,11 @@ extern "C" int prefill_reg_launch(int dtype, int nt, int split, const void *x, c
             return -2;
         encode = (EncodeTiled)p;
     }
+    int gshift = 0;
+    while ((kBK << gshift) < G) ++gshift;
+    if ((kBK << gshift) != G) return -1;
     const Args a{static_cast<const uint4 *>(pw), static_cast<const uint4 *>(pm), static_cast<char *>(y), M, N, K, G,
-                 split};
+                 split, gshift};
     if (dtype == 0)
         return nt == 256 ? launch_tile<F16T, 256>(a, x, encode, stream) : launch_tile<F16T, 128>(a, x, encode, stream);
     return nt == 256 ? launch_tile<BF16T, 256>(a, x, encode, stream) : launch_tile<BF16T, 128>(a, x, encode, stream);
