@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "cuda/linear_wgmma.cuh" /* the descriptor, fence, commit and wait wrappers; dequant_pairs */
+#include "sm90_probe.cuh"   /* mbarriers, the tensor memory accelerator */
 
 #ifndef PROBE_AHEAD
 #define PROBE_AHEAD 2 /* 2 or 4 */
@@ -43,6 +44,7 @@
 namespace {
 
 using namespace awq_cu;
+using namespace sm90_probe;
 
 constexpr int kBK = 64;        /* k of a stage: one 128-byte row of x */
 constexpr int kBN = 128;       /* output columns of a block */
@@ -68,33 +70,6 @@ struct Args {
 };
 
 #if AWQ_WGMMA_CODE
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(ok)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 
 #define REG_D128                                                                                                   \
     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                                        \
@@ -293,23 +268,12 @@ __global__ void __launch_bounds__(kThreads, 1) reg_kernel(const Args a, const __
 #endif
 }
 
-typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
 template <class T, int NT> int launch_tile(const Args &a, const void *x, EncodeTiled encode, cudaStream_t stream)
 {
     CUtensorMap tx;
-    const cuuint64_t dims[2] = {(cuuint64_t)a.K, (cuuint64_t)a.M};
-    const cuuint64_t strides[1] = {(cuuint64_t)a.K * 2};
-    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)NT};
-    const cuuint32_t unit[2] = {1, 1};
     const CUtensorMapDataType xt =
         std::is_same<T, F16T>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    if (encode(&tx, xt, 2, const_cast<void *>(x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return -3;
+    if (tensor_map(encode, &tx, xt, x, a.M, a.K, 2, kBK, NT)) return -3;
     cudaError_t e =
         cudaFuncSetAttribute(reg_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<NT>::kSmem);
     if (e != cudaSuccess) return (int)e;
@@ -338,16 +302,8 @@ extern "C" int prefill_reg_launch(int dtype, int nt, int split, const void *x, c
     if (M < 1 || N % kBN || K % kBK || G % kBK || K % G || (nt != 128 && nt != 256) ||
         (split != 1 && split != 2 && split != 4 && split != 8) || (K / kBK) % (PROBE_AHEAD * split))
         return -1;
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            return -2;
-        encode = (EncodeTiled)p;
-    }
+    const EncodeTiled encode = tensor_map_encoder();
+    if (!encode) return -2;
     int gshift = 0;
     while ((kBK << gshift) < G) ++gshift;
     if ((kBK << gshift) != G) return -1;

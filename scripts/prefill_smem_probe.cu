@@ -34,10 +34,12 @@
 #include <cstdint>
 
 #include "cuda/linear_wgmma.cuh" /* the descriptor, fence and wait wrappers; the dequantization helpers */
+#include "sm90_probe.cuh"   /* mbarriers, the tensor memory accelerator */
 
 namespace {
 
 using namespace awq_cu;
+using namespace sm90_probe;
 
 constexpr int kBN = 256;         /* output columns of a block */
 constexpr int kBK = 64;          /* k of a stage: one 128-byte row of x */
@@ -62,35 +64,6 @@ struct Args {
 };
 
 #if AWQ_WGMMA_CODE
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* Why: spins on try_wait, which itself suspends the thread for a while. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(ok)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-/* Why: one 2-D box of a tensor map into shared memory; the barrier counts its bytes. */
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 
 /* The asm of one wgmma with both operands in shared memory: D accumulated,
  * A and B not negated, both K-major. */
@@ -289,25 +262,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* Why: a row-major [rows, cols] tensor map with boxes of [box_rows, 64 or 32 elements] in the 128-byte swizzle. */
-int tensor_map(EncodeTiled encode, CUtensorMap *map, CUtensorMapDataType type, const void *p, int rows, int cols,
-               int elem_bytes, int box_cols, int box_rows)
-{
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)cols * elem_bytes};
-    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
-    const cuuint32_t unit[2] = {1, 1};
-    return encode(map, type, 2, const_cast<void *>(p), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-                   CUDA_SUCCESS
-               ? 0
-               : -1;
-}
-
 template <class T, int BM> int launch_tile(const Args &a, EncodeTiled encode, cudaStream_t stream)
 {
     CUtensorMap tx, tq;
@@ -334,16 +288,8 @@ extern "C" int prefill_smem_launch(int dtype, int bm, const void *x, const void 
                                    cudaStream_t stream)
 {
     if (M < 1 || N % kBN || K % kBK || K < kBK || G % kBK || K % G || (bm != 128 && bm != 64)) return -1;
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            return -2;
-        encode = (EncodeTiled)p;
-    }
+    const EncodeTiled encode = tensor_map_encoder();
+    if (!encode) return -2;
     const Args a{static_cast<const char *>(x), static_cast<const uint32_t *>(qweight),
                  static_cast<const uint32_t *>(qzeros), static_cast<const char *>(scales),
                  static_cast<const char *>(bias), static_cast<char *>(y), M, N, K, G};
