@@ -16,7 +16,9 @@ replays in random order, medians):
 - linear: awq_fast_dequant.linear untuned (at these M, dequantize + matmul),
   where the package is built with CUDA;
 - rNT/sS: the probe with NT rows of x a block (256 or 128) and K split over
-  S blocks of a cluster; then "best", each projection on its fastest of them.
+  S blocks of a cluster; then "best", each projection on its fastest of them,
+  and "mix", each on the fastest of them and linear() (what a dispatcher
+  would run).
 
     python scripts/prefill_reg_probe.py [--tokens 512] [--trials 9]
 """
@@ -204,9 +206,15 @@ def main():
             print(f"{way:10s}" + "".join(f"{m:9.2f}" for m in row) + f"{sum(row):9.2f}  {sum(row) / base:.3f}")
         best = {n: min((w for w in ways if w.startswith("r")), key=lambda w: med[(w, n)]) for n in names}
         print("best: " + ", ".join(f"{n} {best[n]}" for n in names))
+        # what a dispatcher would run: the fastest of the probe and linear(), per projection
+        mix = {n: min((w for w in ways if w != "dense"), key=lambda w: med[(w, n)]) for n in names}
+        if "linear" in ways:
+            print("mix: " + ", ".join(f"{n} {mix[n]}" for n in names))
 
-        whole = timed({k: graph_of([lambda L=L, k=k: ways[best[L["name"]] if k == "best" else k](L) for L in layers])
-                       for k in [w for w in ("dense", "linear") if w in ways] + ["best"]})
+        pick = {"best": best, "mix": mix}
+        whole = timed({k: graph_of([lambda L=L, k=k: ways[pick[k][L["name"]] if k in pick else k](L) for L in layers])
+                       for k in [w for w in ("dense", "linear") if w in ways] + ["best"] +
+                       (["mix"] if "linear" in ways else [])})
         print("all in one graph: " + ", ".join(f"{k} {v:.2f} ({v / whole['dense']:.3f})" for k, v in whole.items()))
 
 
