@@ -19,7 +19,8 @@
 # four minutes on an H200 host: they compile C++ in child processes) and the
 # sanitizers; PART=torch the build and the rest of tests/test_torch.py and
 # tests/test_torch_hf.py (about five minutes: torch.compile); PART=bench the
-# build and the benchmarks (all three: PART=all, the default).
+# build and the benchmarks (all three: PART=all, the default); PART=probes the
+# build and the sm_90a probes alone (wgmma_probe.txt, prefill_smem.txt).
 set -u
 R=$PWD
 OUT=${OUT:-$R/device_out}
@@ -49,7 +50,7 @@ echo "pytest (PyTorch integration) rc $?" >> "$OUT/checks.log"
 grep -E "passed|failed|FAILED|rc [0-9]" "$OUT/checks.log" | tail -4
 fi
 [ "$PART" = torch ] && exit 0
-if [ "$PART" != bench ]; then
+if [ "$PART" != bench ] && [ "$PART" != probes ]; then
 python3 -m pytest -p no:cacheprovider -q -rs "$R/tests" --ignore="$R/tests/test_torch.py" \
     --ignore="$R/tests/test_torch_hf.py" >> "$OUT/checks.log" 2>&1
 echo "pytest rc $?" >> "$OUT/checks.log"
@@ -70,6 +71,7 @@ grep -E "passed|failed|FAILED|pytest rc|sanitizer rc|rc [0-9]|ERROR SUMMARY" "$O
 fi
 [ "$PART" = checks ] && exit 0
 
+if [ "$PART" != probes ]; then
 export AWQ_FAST_DEQUANT_CACHE_DIR
 AWQ_FAST_DEQUANT_CACHE_DIR=$(mktemp -d)
 python3 -m awq_fast_dequant bench --no-progress --sweep --prefill --host-repeats 15 \
@@ -109,6 +111,8 @@ echo "convert bench rc $?" >> "$OUT/convert.txt"
 # The decode kernel against a kernel that only reads the packed weights.
 python3 "$R/scripts/read_floor.py" > "$OUT/read_floor.txt" 2>&1
 echo "read floor rc $?" >> "$OUT/read_floor.txt"
+fi
+
 # The warpgroup kernel's issue pattern on the tensor cores (sm_90a only).
 if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
     nvcc -O3 -std=c++17 -I "$R/csrc" -gencode arch=compute_90a,code=sm_90a "$R/scripts/wgmma_probe.cu" -o /tmp/wgmma_probe &&
@@ -127,6 +131,7 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; t
 fi
 
 # The summary (the device tool returns the end of the output).
+if [ "$PART" != probes ]; then
 grep -E "copy:|launch floor|bench rc|^[a-z].*[0-9]x[0-9]|^ +v4 " "$OUT/bench.txt" | head -40
 sed -n '/^shape       winner/,/^margin/p' "$OUT/bench.txt"
 sed -n '/^call (shape/,/^torch baseline/p' "$OUT/bench.txt"
@@ -141,5 +146,8 @@ grep -E "ratio|^host us|rc [0-9]" "$OUT/decoder.txt"
 grep -E "^tokens|rc [0-9]" "$OUT/moe.txt"
 tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
+fi
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"
-[ -f "$OUT/prefill_smem.txt" ] && grep -E "^(dense|linear|dequant\+mm|smem[0-9]+|ahead-st-40) |rc [0-9]" "$OUT/prefill_smem.txt"
+[ -f "$OUT/prefill_smem.txt" ] &&
+    grep -E "^(dense|linear|dequant\+mm|smem[0-9]+|ahead-st-40|r(128|256)/s[0-9]) |^(best|mix|all in one graph):|rc [0-9]" \
+        "$OUT/prefill_smem.txt"
