@@ -13,7 +13,8 @@ Build knobs (environment variables):
                                     plus PTX for the newest
   NVCC, CUDA_HOME / CUDA_PATH       where to find nvcc (then PATH, then /usr/local/cuda)
   AWQ_FAST_DEQUANT_DEBUG=1          -O0 -g, host and device
-  AWQ_FAST_DEQUANT_WERROR=1         warnings are errors (CI)
+  AWQ_FAST_DEQUANT_WERROR=1         warnings are errors (CI), ptxas's report of
+                                    serialized wgmma (C75xx) included
   AWQ_FAST_DEQUANT_SANITIZE=address build the C code with a sanitizer
   AWQ_FAST_DEQUANT_NVCC_FLAGS="..."  extra nvcc flags (kernel experiments)
   AWQ_FAST_DEQUANT_NVCC_THREADS=N   architectures nvcc compiles at once (default:
@@ -48,6 +49,11 @@ def read_version():
     if not m:
         raise RuntimeError("no version in pyproject.toml")
     return m.group(1)
+
+
+# ptxas's "Potential Performance Loss: wgmma.mma_async instructions are
+# serialized ..." (C7510 to C7515 and their kin), which it prints as info.
+SERIALIZED_WGMMA = re.compile(r"\(C75\d\d\)")
 
 
 def log(msg):
@@ -243,7 +249,16 @@ class BuildExt(build_ext):
             how = "in parallel" if threads and threads[1] != "1" else "one after another"
             log(f"[{i}/{len(sources)}] nvcc {name} for sm_{', sm_'.join(map(str, archs))} ({how})")
             started = time.monotonic()
-            subprocess.run(cmd, check=True)
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sys.stderr.write(done.stdout)
+            if done.returncode:
+                raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout)
+            if SERIALIZED_WGMMA.search(done.stdout):
+                # ptxas reports these as "info": the build works, the warpgroup kernel is slow
+                msg = f"{name}: ptxas serialized wgmma instructions (the C75xx message above)"
+                if env_flag("AWQ_FAST_DEQUANT_WERROR"):
+                    raise RuntimeError(msg)
+                log(f"warning: {msg}")
             log(f"[{i}/{len(sources)}] {name}: {time.monotonic() - started:.0f} s")
         return objects
 
