@@ -93,9 +93,9 @@ def graph_of(fns):
     return g
 
 
-def time_graphs(graphs, ways, names, trials, device, title):
-    """Replays graphs[(way, name)] after an L2 flush, trials x 10 in random
-    order, and prints the medians, a row per way, with "all" against dense."""
+def graph_medians(graphs, trials, device):
+    """{key: median us} of graphs[key].replay after an L2 flush, trials x 10
+    replays, the graphs in random order each trial."""
     timer = CudaTimer(torch, device, 2 * torch.cuda.get_device_properties(device).L2_cache_size + (256 << 20))
     samples = {k: [] for k in graphs}
     keys, rnd = list(graphs), random.Random(0)
@@ -103,13 +103,20 @@ def time_graphs(graphs, ways, names, trials, device, title):
         rnd.shuffle(keys)
         for k in keys:
             samples[k] += timer.run(graphs[k].replay, 10)[0]
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def time_graphs(graphs, ways, names, trials, device, title):
+    """Times graphs[(way, name)] (graph_medians) and prints the medians, a row
+    per way, with "all" against dense."""
+    med = graph_medians(graphs, trials, device)
     names = names + ["all"]
     print(f"{torch.cuda.get_device_name(device)}, {title}: median us (L2 flushed, CUDA graph, {trials} x 10)")
     print(f"{'':12s}" + "".join(f"{n:>9s}" for n in names) + "  all / dense")
-    base = statistics.median(samples[("dense", "all")])
+    base = med[("dense", "all")]
     for way in ways:
-        med = [statistics.median(samples[(way, n)]) for n in names]
-        print(f"{way:12s}" + "".join(f"{m:9.2f}" for m in med) + f"  {med[-1] / base:.3f}")
+        row = [med[(way, n)] for n in names]
+        print(f"{way:12s}" + "".join(f"{m:9.2f}" for m in row) + f"  {row[-1] / base:.3f}")
 
 
 def main():

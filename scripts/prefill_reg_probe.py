@@ -27,9 +27,7 @@ import argparse
 import ctypes
 import os
 import pathlib
-import random
 import re
-import statistics
 import subprocess
 import tempfile
 
@@ -39,9 +37,8 @@ import torch
 import torch.nn.functional as F
 
 import awq_fast_dequant as awq
-from awq_fast_dequant.bench import CudaTimer
-from prefill_chunks import SHAPES, graph_of
-from prefill_smem_probe import unpack, weights
+from prefill_chunks import SHAPES, graph_medians, graph_of
+from prefill_smem_probe import agrees, unpack, weights
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = [(256, 1), (256, 2), (128, 1), (128, 2), (128, 4)]
@@ -125,14 +122,8 @@ def check(lib, device, ahead):
         for nt, split in CONFIGS + [(256, 8)]:
             if (K // 64) % (ahead * split):
                 continue
-            y = launch(lib, nt, split, x, pw, pm, torch.full((M, N), float("nan"), dtype=dtype, device=device), G)
-            again = launch(lib, nt, split, x, pw, pm, torch.empty_like(y), G)
-            err = (y.double() - ref).abs().max().item()
-            ok = err <= 2 * dense + 1e-6 and torch.equal(y, again)
-            print(f"check M={M} K={K} N={N} G={G} {str(dtype)[6:]} rows={nt} split={split}: max error {err:.3g} "
-                  f"(dense {dense:.3g}), deterministic {torch.equal(y, again)}")
-            if not ok:
-                raise SystemExit("the probe disagrees with the reference")
+            agrees(lambda y: launch(lib, nt, split, x, pw, pm, y, G), ref, dense, dtype,
+                   f"M={M} K={K} N={N} G={G} {str(dtype)[6:]} rows={nt} split={split}")
 
 
 def main():
@@ -183,17 +174,7 @@ def main():
                 continue
             ways[f"r{nt}/s{split}"] = lambda L, nt=nt, split=split: launch(lib, nt, split, L["x"], L["pw"], L["pm"],
                                                                            L["y"], G)
-        timer = CudaTimer(torch, device, 2 * torch.cuda.get_device_properties(device).L2_cache_size + (256 << 20))
-
-        def timed(graphs):
-            samples = {k: [] for k in graphs}
-            keys, rnd = list(graphs), random.Random(0)
-            for _ in range(args.trials):
-                rnd.shuffle(keys)
-                for k in keys:
-                    samples[k] += timer.run(graphs[k].replay, 10)[0]
-            return {k: statistics.median(v) for k, v in samples.items()}
-
+        timed = lambda graphs: graph_medians(graphs, args.trials, device)
         graphs = {(way, L["name"]): graph_of([lambda L=L, fn=fn: fn(L)]) for way, fn in ways.items() for L in layers}
         med = timed(graphs)
         names = [L["name"] for L in layers]
@@ -206,15 +187,12 @@ def main():
             print(f"{way:10s}" + "".join(f"{m:9.2f}" for m in row) + f"{sum(row):9.2f}  {sum(row) / base:.3f}")
         best = {n: min((w for w in ways if w.startswith("r")), key=lambda w: med[(w, n)]) for n in names}
         print("best: " + ", ".join(f"{n} {best[n]}" for n in names))
-        # what a dispatcher would run: the fastest of the probe and linear(), per projection
-        mix = {n: min((w for w in ways if w != "dense"), key=lambda w: med[(w, n)]) for n in names}
-        if "linear" in ways:
-            print("mix: " + ", ".join(f"{n} {mix[n]}" for n in names))
-
-        pick = {"best": best, "mix": mix}
+        pick = {"best": best}
+        if "linear" in ways:  # what a dispatcher would run: the fastest of the probe and linear(), per projection
+            pick["mix"] = {n: min((w for w in ways if w != "dense"), key=lambda w: med[(w, n)]) for n in names}
+            print("mix: " + ", ".join(f"{n} {pick['mix'][n]}" for n in names))
         whole = timed({k: graph_of([lambda L=L, k=k: ways[pick[k][L["name"]] if k in pick else k](L) for L in layers])
-                       for k in [w for w in ("dense", "linear") if w in ways] + ["best"] +
-                       (["mix"] if "linear" in ways else [])})
+                       for k in [w for w in ("dense", "linear") if w in ways] + list(pick)})
         print("all in one graph: " + ", ".join(f"{k} {v:.2f} ({v / whole['dense']:.3f})" for k, v in whole.items()))
 
 

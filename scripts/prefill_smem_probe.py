@@ -82,14 +82,21 @@ def check(lib, device):
         ref = x.double() @ w.double() + (0 if bias is None else bias.double())
         dense = (F.linear(x, w.t(), bias).double() - ref).abs().max().item()
         for bm in (128, 64):
-            y = launch(lib, bm, x, qw, qz, sc, bias, torch.full((M, N), float("nan"), dtype=dtype, device=device), G)
-            again = launch(lib, bm, x, qw, qz, sc, bias, torch.empty_like(y), G)
-            err = (y.double() - ref).abs().max().item()
-            ok = err <= 2 * dense + 1e-6 and torch.equal(y, again)
-            print(f"check M={M} K={K} N={N} G={G} {str(dtype)[6:]} bias={with_bias} rows={bm}: max error {err:.3g} "
-                  f"(dense {dense:.3g}), deterministic {torch.equal(y, again)}")
-            if not ok:
-                raise SystemExit("the probe disagrees with the reference")
+            agrees(lambda y: launch(lib, bm, x, qw, qz, sc, bias, y, G), ref, dense, dtype,
+                   f"M={M} K={K} N={N} G={G} {str(dtype)[6:]} bias={with_bias} rows={bm}")
+
+
+def agrees(run, ref, dense, dtype, label):
+    """run(y) into a NaN-filled y and again into a fresh one: its error against
+    the float64 ref must stay within twice the dense matmul's (dense), and the
+    two runs must give the same bits. Prints the figures; exits otherwise."""
+    y = run(torch.full(ref.shape, float("nan"), dtype=dtype, device=ref.device))
+    again = run(torch.empty_like(y))
+    err = (y.double() - ref).abs().max().item()
+    same = torch.equal(y, again)
+    print(f"check {label}: max error {err:.3g} (dense {dense:.3g}), deterministic {same}")
+    if not (err <= 2 * dense + 1e-6 and same):
+        raise SystemExit("the probe disagrees with the reference")
 
 
 def main():
