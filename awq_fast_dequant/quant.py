@@ -244,7 +244,8 @@ def _grid(lo, hi, scale_kind: str):
     return stored, step, np.clip(np.rint(-lo / step), 0, 15)
 
 
-def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_order=None):
+def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_order=None,
+             refine=None):
     """Asymmetric 4-bit quantization of weight [K, N] to the AWQ layout: round to
     nearest, or GPTQ rounding when the layer's input statistics are given.
 
@@ -265,6 +266,10 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_
         hessian, every grid fixed before the first row (True), or in order 0..K-1,
         each group's grid taken when the group starts (False). Default: True with
         hessian; without hessian only None and False are accepted.
+    refine : with hessian, how many rounds of refinement follow GPTQ's rounding,
+        each lowering its loss further with the grids' zero points kept (below); 0
+        for GPTQ's rounding as it is. Default: 2 with hessian; without hessian only
+        None and 0 are accepted.
 
     Returns (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N]),
     NumPy arrays, or torch CPU tensors when weight is a tensor. scales have the
@@ -314,6 +319,19 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_
     anywhere: with grid="minmax" it gives exactly the min-max result. H is
     symmetrized and factored in float64; the updates run in float32 through BLAS,
     so their last bits can depend on the BLAS build.
+
+    Each round of refine (coordinate descent on GPTQ's loss, as in QuantEase,
+    Behdin et al. 2023, then a least-squares fit of the scales) lowers the loss
+    tr((W - W_q)^T H (W - W_q)) of the rounded weights, H damped as above, and
+    never raises it. First every row, in turn, is set to its value nearest, on its
+    grids, to the one that minimizes the loss with every other row as it stands:
+    the exact minimum over that row, so the loss cannot rise. Then each column's
+    scales, one a group, are fitted to that loss by least squares with the codes
+    and zero points fixed, rounded to nearest in the scales' type, and kept for
+    the columns whose loss they lower. GPTQ's order leaves errors that the rows
+    rounded first could absorb better once the later rows are known; a pass over
+    the rows sees all of them. The scales then no longer follow the grid's rule
+    above, and a diagonal hessian gives min-max's values with refine=0 only.
     """
     w, scale_kind, torch = _weight_matrix(weight)
     K, N = w.shape
@@ -321,13 +339,14 @@ def quantize(weight, group_size=128, *, hessian=None, damp=0.01, grid=None, act_
     damp = _check_damp(damp)
     grid = _check_grid(grid, hessian is not None)
     act_order = _check_act_order(act_order, hessian is not None)
+    refine = _check_refine(refine, hessian is not None)
     if hessian is None:
         qweight, qzeros, stored = _round_to_nearest(w, G, scale_kind, grid)
     else:
         h = _hessian_matrix(hessian, K)
         if not np.isfinite(w).all():
             raise ValueError("weight must be finite; it holds NaN or infinity")
-        qweight, qzeros, stored = _gptq(w, G, scale_kind, h, damp, grid, act_order)
+        qweight, qzeros, stored = _gptq(w, G, scale_kind, h, damp, grid, act_order, refine)
 
     if torch is not None:
         if scale_kind == "bfloat16":
@@ -366,6 +385,26 @@ def _check_act_order(act_order, with_hessian: bool) -> bool:
     if act_order and not with_hessian:
         raise ValueError("act_order=True needs a hessian: the rows are ordered by its diagonal")
     return bool(act_order)
+
+
+# Rounds of refinement after GPTQ by default. Each costs about as much as GPTQ itself,
+# and each gains less than the one before (docs/PYTORCH.md has the figures).
+_REFINE_ROUNDS = 2
+
+
+def _check_refine(refine, with_hessian: bool) -> int:
+    if refine is None:
+        return _REFINE_ROUNDS if with_hessian else 0
+    if isinstance(refine, (bool, np.bool_)) or not hasattr(type(refine), "__index__"):
+        raise TypeError(f"refine must be an int >= 0 (or None for the default); got "
+                        f"{type(refine).__name__}")
+    rounds = operator.index(refine)
+    if rounds < 0:
+        raise ValueError(f"refine must be >= 0; got {refine!r}")
+    if rounds and not with_hessian:
+        raise ValueError("refine > 0 needs a hessian: it lowers GPTQ's loss, which the hessian "
+                         "defines")
+    return rounds
 
 
 def _round_to_nearest(w: np.ndarray, G: int, scale_kind: str, grid: str):
@@ -581,9 +620,9 @@ def _inverse_factor(h: np.ndarray, damp: float) -> np.ndarray:
 
 
 def _gptq(w: np.ndarray, G: int, scale_kind: str, h: np.ndarray, damp: float, grid: str,
-          act_order: bool):
+          act_order: bool, refine: int):
     """(qweight, qzeros, stored scales) of GPTQ rounding with the hessian h (float64,
-    symmetric, overwritten)."""
+    symmetric, overwritten), followed by `refine` rounds of _refine."""
     K, N = w.shape
     n_groups = K // G
     W = w.astype(np.float32)  # a copy, updated with the errors of the rows rounded before
@@ -638,7 +677,133 @@ def _gptq(w: np.ndarray, G: int, scale_kind: str, h: np.ndarray, damp: float, gr
             raise ValueError(_DIVERGED)
         if b1 < K:
             W[b1:] -= U[b0:b1, b1:].T @ errors[:b1 - b0]
+    if refine:
+        del W, U
+        # _inverse_factor left the damped hessian in h, in the order of rounding. An
+        # input that is always zero costs nothing: its diagonal entry goes back to 0.
+        dead = np.flatnonzero(~live)
+        h[dead, dead] = 0
+        if act_order:
+            back = np.argsort(order)
+            h = h[np.ix_(back, back)]
+        q, step, stored = _refine(w, q, G, step, stored, zero, h.astype(np.float32),
+                                  scale_kind, refine)
     return _pack_nibbles(q), _pack_nibbles(zero.astype(np.uint8)), stored
+
+
+def _refine(w: np.ndarray, q: np.ndarray, G: int, step: np.ndarray, stored: np.ndarray,
+            zero: np.ndarray, h: np.ndarray, scale_kind: str, rounds: int):
+    """(q, step, stored) after `rounds` rounds of a coordinate-descent pass over the
+    rows of q, then a least-squares refit of the scales, on the loss
+    tr((w - W_q)^T h (w - W_q)); h is the damped hessian, float32, in row order, with
+    0 on the diagonal of the inputs that are always zero (whose rows keep their codes)."""
+    w = w.astype(np.float32, copy=False)
+    for _ in range(rounds):
+        residual = _descend(w, q, G, step, zero, h)
+        step, stored = _refit_scales(q, G, step, stored, zero, h, residual, scale_kind)
+    return q, step, stored
+
+
+def _descend(w: np.ndarray, q: np.ndarray, G: int, step: np.ndarray, zero: np.ndarray,
+             h: np.ndarray) -> np.ndarray:
+    """One pass over the rows of q (uint8 [K, N], updated in place), each set to the
+    codes nearest to the row that minimizes the loss with every other row fixed.
+    Returns h @ (w - W_q) after the pass, float32 [K, N]."""
+    K, N = w.shape
+    group = np.arange(K) // G
+    error = np.empty((K, N), dtype=np.float32)  # w - W_q
+    for k0, k1 in _row_blocks(K, N):
+        g = group[k0:k1]
+        error[k0:k1] = w[k0:k1] - (q[k0:k1] - zero[g]) * step[g]
+    # The loss changes by 2 d residual[k] + h[k, k] d^2 when row k of the error
+    # changes by d, for every column: the best d is -residual[k] / h[k, k], and on a
+    # grid the value nearest to it, since the change is a parabola in each column.
+    residual = h @ error
+    changes = np.empty((_GPTQ_BLOCK, N), dtype=np.float32)
+    for b0 in range(0, K, _GPTQ_BLOCK):
+        b1 = min(b0 + _GPTQ_BLOCK, K)
+        for k in range(b0, b1):
+            if h[k, k] == 0:  # an input that is always zero: its row costs nothing
+                changes[k - b0] = 0
+                continue
+            # The changes of this block's rows before k (the earlier blocks' are in residual).
+            r = residual[k] + h[k, b0:k] @ changes[:k - b0] if k > b0 else residual[k]
+            s, z = step[group[k]], zero[group[k]]
+            best = w[k] - error[k] + r / h[k, k]
+            qk = np.clip(np.rint(best / s) + z, 0, 15)
+            new = w[k] - (qk - z) * s
+            changes[k - b0] = new - error[k]
+            error[k] = new
+            q[k] = qk
+        residual += h[:, b0:b1] @ changes[:b1 - b0]
+    return residual
+
+
+def _refit_scales(q: np.ndarray, G: int, step: np.ndarray, stored: np.ndarray,
+                  zero: np.ndarray, h: np.ndarray, residual: np.ndarray, scale_kind: str):
+    """(step, stored) with each column's scales refitted by least squares to the
+    loss, codes and zero points fixed, where the refit, rounded to the scales' type,
+    lowers the column's loss. residual: h @ (w - W_q) for the current scales."""
+    K, N = q.shape
+    n_groups = K // G
+    step, stored = step.copy(), stored.copy()
+    # Column n's weights are A s, A [K, K/G] holding q - zero of each row in its
+    # group's column; the loss is s^T M s - 2 s^T r + const with M = A^T h A and
+    # r = A^T h w, where h w = residual + h A s.
+    columns = max(1, min(N, _BLOCK_ELEMS // max(K, n_groups * n_groups)))
+    for c0 in range(0, N, columns):
+        c1 = min(N, c0 + columns)
+        a = (q[:, c0:c1] - np.repeat(zero[:, c0:c1], G, axis=0)).astype(np.float32)
+        old = step[:, c0:c1]
+        hw = residual[:, c0:c1].copy()
+        m = np.empty((c1 - c0, n_groups, n_groups))
+        for g in range(n_groups):
+            rows = slice(g * G, (g + 1) * G)
+            t = h[:, rows] @ a[rows]
+            m[:, :, g] = (a * t).reshape(n_groups, G, c1 - c0).sum(axis=1).T
+            hw += t * old[g]
+        r = (a * hw).reshape(n_groups, G, c1 - c0).sum(axis=1).T.astype(np.float64)
+        m = 0.5 * (m + m.transpose(0, 2, 1))
+        current = old.T.astype(np.float64)
+        # A group whose codes all equal its zero point has no say in the loss: it
+        # keeps its scale (M's row and column are 0 there).
+        idle = np.diagonal(m, axis1=1, axis2=2) == 0
+        cols, groups = np.nonzero(idle)
+        m[cols, groups, groups] = 1
+        r[idle] = current[idle]
+        with np.errstate(all="ignore"):
+            try:
+                fitted = np.linalg.solve(m, r[..., None])[..., 0]
+            except np.linalg.LinAlgError:
+                continue  # a singular M (codes of a degenerate hessian): keep the scales
+            ok = np.isfinite(fitted).all(axis=1) & (fitted > 0).all(axis=1)
+            fitted = np.where(ok[:, None], fitted, current).astype(np.float32)
+            new_stored, exact = _round_to_storage(fitted, scale_kind)
+            ok &= np.isfinite(exact).all(axis=1) & (exact > 0).all(axis=1)
+
+            def loss(s):
+                return np.einsum("ci,cij,cj->c", s, m, s) - 2 * np.einsum("ci,ci->c", s, r)
+
+            better = ok & (loss(exact.astype(np.float64)) < loss(current))
+        keep = np.flatnonzero(better)
+        step[:, c0 + keep] = exact[keep].T
+        stored[:, c0 + keep] = new_stored[keep].T
+    return step, stored
+
+
+def _round_to_storage(scale: np.ndarray, kind: str):
+    """(stored array, its exact float32 value) of positive float32 scales rounded to
+    nearest in the storage type (_round_up_to_storage's layout)."""
+    if kind == "float32":
+        return scale, scale
+    if kind == "float16":
+        with np.errstate(over="ignore"):
+            stored = scale.astype(np.float16)
+        return stored, stored.astype(np.float32)
+    # bfloat16: the top half of the float32, rounded to nearest even
+    wide = scale.view(np.uint32).astype(np.uint64)
+    bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 _DIVERGED = "the rounding errors grew without bound (hessian nearly singular); raise damp"

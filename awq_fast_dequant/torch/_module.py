@@ -15,7 +15,7 @@ import torch
 from torch import _C, nn
 
 import awq_fast_dequant as _afd
-from awq_fast_dequant.quant import _check_act_order, _check_grid
+from awq_fast_dequant.quant import _check_act_order, _check_grid, _check_refine
 from awq_fast_dequant.reference import DTYPES
 
 from . import _experts, _ops
@@ -250,12 +250,12 @@ class AWQLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, hessian=None,
-                    grid=None, act_order=None) -> "AWQLinear":
+                    grid=None, act_order=None, refine=None) -> "AWQLinear":
         """Quantize an nn.Linear with awq_fast_dequant.quantize into an AWQLinear
         on the same device: asymmetric, rounded to nearest (by default on each
         group's min-max grid, every weight within half a step of the original), or,
         given hessian (X^T X of the layer's inputs, [in_features, in_features]),
-        GPTQ rounding. grid ("minmax" or "mse") and act_order are quantize's.
+        GPTQ rounding. grid ("minmax" or "mse"), act_order and refine are quantize's.
         scales and bias get the weight's dtype (float16 for a float64 weight)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
@@ -268,7 +268,8 @@ class AWQLinear(nn.Module):
             raise ValueError(f"linear.out_features must be a multiple of 8; got {N}")
         G = _resolve_group_size(group_size, K)
         qweight, qzeros, scales = _afd.quantize(weight.detach().t(), group_size=G,
-                                                hessian=hessian, grid=grid, act_order=act_order)
+                                                hessian=hessian, grid=grid, act_order=act_order,
+                                                refine=refine)
         device = weight.device
         bias = None
         if linear.bias is not None:
@@ -508,7 +509,8 @@ def _unfit_reason(module: nn.Linear, G, shared, own_names) -> str | None:
 
 
 def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
-                   calibration=None, *, grid=None, act_order=None, progress=False) -> list:
+                   calibration=None, *, grid=None, act_order=None, refine=None,
+                   progress=False) -> list:
     """Replace, in place, every nn.Linear of `model` that fits the AWQ format
     (in_features a multiple of G, out_features a multiple of 8) by an AWQLinear
     (``AWQLinear.from_linear``).
@@ -533,9 +535,10 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     (padding positions would count as text). A layer that the calibration never
     reaches is rounded to nearest, as without calibration (and logged).
 
-    grid, act_order: quantize's options, for every layer: grid "minmax" or "mse"
-    (default: "mse" with calibration, "minmax" without); act_order (default: True
-    with calibration; only with calibration).
+    grid, act_order, refine: quantize's options, for every layer: grid "minmax" or
+    "mse" (default: "mse" with calibration, "minmax" without); act_order (default:
+    True with calibration; only with calibration); refine, the rounds of refinement
+    after GPTQ (default: 2 with calibration; only with calibration).
 
     progress: show on stderr the calibration pass, input by input, then each
     layer as it is rounded (a tqdm bar when tqdm is installed, else a line a
@@ -573,12 +576,15 @@ def quantize_model(model: nn.Module, group_size: int = 128, skip=("lm_head",),
     if _check_act_order(act_order, True) and act_order is not None and calibration is None:
         raise ValueError("act_order=True needs calibration: the rows are ordered by the "
                          "energy of each layer's inputs, which the calibration pass records")
+    if _check_refine(refine, True) and refine is not None and calibration is None:
+        raise ValueError("refine > 0 needs calibration: it lowers each layer's GPTQ loss, "
+                         "which the calibration pass's statistics define")
     # Fused experts (transformers' 3-D expert tensors) become one nn.Linear per expert
     # projection first; all is put back if quantizing fails.
     fused_skipped, unfused = _unfuse_experts(model, match)
     try:
         skipped = _quantize_linears(model, G, match, skip_strings, calibration, grid,
-                                    act_order, progress)
+                                    act_order, refine, progress)
     except BaseException:
         for parent, child, original, _ in unfused:
             setattr(parent, child, original)
@@ -622,7 +628,7 @@ def _unfuse_experts(model: nn.Module, match):
     return skipped, unfused
 
 
-def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_order,
+def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_order, refine,
                       progress) -> list:
     shared = _shared_weights(model)
 
@@ -679,9 +685,12 @@ def _quantize_linears(model, G, match, skip_strings, calibration, grid, act_orde
             hessian = hessians.pop(id(module), None)
             start = time.perf_counter()
             try:
-                # act_order orders by the hessian: a layer without one is rounded in row order.
+                # act_order orders by the hessian, and refine lowers its loss: a layer
+                # without one is rounded to nearest, in row order.
+                calibrated = hessian is not None
                 layer = AWQLinear.from_linear(module, G, hessian=hessian, grid=grid,
-                                              act_order=act_order if hessian is not None else None)
+                                              act_order=act_order if calibrated else None,
+                                              refine=refine if calibrated else None)
             except ValueError as e:
                 raise ValueError(f"{name} cannot be quantized: {e}") from e
             new[id(module)] = layer.train(module.training)
