@@ -35,7 +35,7 @@
 #include <cstdint>
 
 #include "cuda/linear_wgmma.cuh" /* the descriptor, fence, commit and wait wrappers; dequant_pairs */
-#include "sm90_probe.cuh"   /* mbarriers, the tensor memory accelerator */
+#include "cuda/sm90.cuh"   /* mbarriers, the tensor memory accelerator */
 
 #ifndef PROBE_AHEAD
 #define PROBE_AHEAD 2 /* 2 or 4 */
@@ -44,7 +44,7 @@
 namespace {
 
 using namespace awq_cu;
-using namespace sm90_probe;
+using namespace awq_cu::sm90;
 
 constexpr int kBK = 64;        /* k of a stage: one 128-byte row of x */
 constexpr int kBN = 128;       /* output columns of a block */

@@ -34,12 +34,12 @@
 #include <cstdint>
 
 #include "cuda/linear_wgmma.cuh" /* the descriptor, fence and wait wrappers; the dequantization helpers */
-#include "sm90_probe.cuh"   /* mbarriers, the tensor memory accelerator */
+#include "cuda/sm90.cuh"   /* mbarriers, the tensor memory accelerator */
 
 namespace {
 
 using namespace awq_cu;
-using namespace sm90_probe;
+using namespace awq_cu::sm90;
 
 constexpr int kBN = 256;         /* output columns of a block */
 constexpr int kBK = 64;          /* k of a stage: one 128-byte row of x */

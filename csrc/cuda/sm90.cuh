@@ -1,9 +1,12 @@
-// scripts/sm90_probe.cuh -- what the sm_90a prefill probes
-// (prefill_smem_probe.cu, prefill_reg_probe.cu) share: mbarriers, the tensor
-// memory accelerator's 2-D copy, and the driver's tensor-map encoder.  Not
-// part of the package.
-#ifndef AWQ_SCRIPTS_SM90_PROBE_CUH
-#define AWQ_SCRIPTS_SM90_PROBE_CUH
+/*
+ * cuda/sm90.cuh -- Hopper's asynchronous copies: mbarriers, the tensor
+ * memory accelerator's 2-D copy (cp.async.bulk.tensor) and the driver's
+ * tensor-map encoder, reached through the runtime (nothing links against
+ * libcuda).  Used by the prepared-layout kernel (cuda/linear_prepared.cuh)
+ * and by the sm_90a probes in scripts/.
+ */
+#ifndef AWQ_CUDA_SM90_CUH
+#define AWQ_CUDA_SM90_CUH
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -12,7 +15,8 @@
 
 #include "cuda/linear_wgmma.cuh" /* AWQ_WGMMA_CODE */
 
-namespace sm90_probe {
+namespace awq_cu {
+namespace sm90 {
 
 #if AWQ_WGMMA_CODE
 
@@ -51,27 +55,29 @@ typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, 
                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* Why: the driver's cuTensorMapEncodeTiled through the runtime (no link
- * against libcuda), looked up once; nullptr where the driver has none. */
+/* Why: the driver's cuTensorMapEncodeTiled through the runtime, looked up
+ * once per process; nullptr where the driver has none. */
 inline EncodeTiled tensor_map_encoder()
 {
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
+    static const EncodeTiled encode = [] {
         void *p = nullptr;
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
-                cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-            encode = (EncodeTiled)p;
-    }
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return (EncodeTiled) nullptr;
+        }
+        return (EncodeTiled)p;
+    }();
     return encode;
 }
 
 /* Why: a row-major [rows, cols] tensor map with boxes of [box_rows, box_cols]
  * in the 128-byte swizzle (box_cols x elem_bytes = 128); rows past the tensor
  * read as zeros.  0, or -1 where the driver refuses it. */
-inline int tensor_map(EncodeTiled encode, CUtensorMap *map, CUtensorMapDataType type, const void *p, int rows,
-                      int cols, int elem_bytes, int box_cols, int box_rows)
+inline int tensor_map(EncodeTiled encode, CUtensorMap *map, CUtensorMapDataType type, const void *p, int64_t rows,
+                      int64_t cols, int elem_bytes, int box_cols, int box_rows)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)cols * elem_bytes};
@@ -84,6 +90,7 @@ inline int tensor_map(EncodeTiled encode, CUtensorMap *map, CUtensorMapDataType 
                : -1;
 }
 
-} // namespace sm90_probe
+} // namespace sm90
+} // namespace awq_cu
 
-#endif /* AWQ_SCRIPTS_SM90_PROBE_CUH */
+#endif /* AWQ_CUDA_SM90_CUH */
