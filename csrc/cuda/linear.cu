@@ -831,8 +831,13 @@ template <auto Kernel, bool SharedFirst = false> cudaError_t allow_smem(int devi
     if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
     std::lock_guard<std::mutex> lock(mutex);
     if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-    cudaError_t e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)optin));
+    /* the opt-in covers static and dynamic shared memory together */
+    cudaFuncAttributes attr;
+    cudaError_t e = clear_error(cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(Kernel)));
+    if (e == cudaSuccess)
+        e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)(optin - (int64_t)attr.sharedSizeBytes)));
     if (e == cudaSuccess && SharedFirst)
         e = clear_error(cudaFuncSetAttribute(reinterpret_cast<const void *>(Kernel),
                                              cudaFuncAttributePreferredSharedMemoryCarveout,
