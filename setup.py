@@ -279,7 +279,7 @@ def cuda_sources():
 # The C sources of the extension, by concern (csrc/ has the map).
 C_SOURCES = [
     "module.c", "args.c", "validate.c", "views.c", "alloc.c", "run.c", "dequantize.c",
-    "linear.c", "module_call.c", "cache.c", "dev.c",
+    "linear.c", "module_call.c", "prepared.c", "cache.c", "dev.c",
     "autotune/table.c", "autotune/file.c", "autotune/tune.c",
     "cpu/platform.c", "cpu/dequantize.c", "cpu/linear.c", "cpu/amx.c", "cpu/tune.c",
     "cuda/stub.c",

@@ -13,6 +13,7 @@
 #include "dev.h"
 #include "linear.h"
 #include "module_call.h"
+#include "prepared.h"
 
 #ifndef AWQ_VERSION
 #define AWQ_VERSION "0+unknown"
@@ -158,6 +159,11 @@ static PyMethodDef awq_methods[] = {
      "Register what AWQLinear's call in C checks (awq_fast_dequant.torch)."},
     {"_module_call", (PyCFunction)(void (*)(void))awq_py_module_call, METH_FASTCALL,
      "_module_call(layer, args, kwargs): AWQLinear's eager call, or NotImplemented."},
+    {"_linear_prepared", (PyCFunction)(void (*)(void))awq_py_linear_prepared, METH_FASTCALL,
+     "_linear_prepared(x, words, operands, bias, group_size, out): y = x @ W + bias on the\n"
+     "prepared layout (awq_fast_dequant.torch.prepare_prefill), compute capability 9.0."},
+    {"_prepared_supported", awq_py_prepared_supported, METH_O,
+     "_prepared_supported(device): whether this build runs the prepared layout there."},
     {"cache_path", awq_py_cache_path, METH_NOARGS, "Path of the autotune cache file."},
     {"cache_entries", awq_py_cache_entries, METH_NOARGS, "Entries of the autotune cache."},
     {"cache_stats", awq_py_cache_stats, METH_NOARGS, "Hits, misses and tunings so far."},

@@ -90,6 +90,29 @@ awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c
                                 const awq_cuda_flush *flush, int warmup, int iters, float *ms,
                                 int *detail);
 
+/* One fused linear on the prepared layout (cuda/linear_prepared.cuh, which
+ * describes words and operands): y = x @ W + bias, validated views,
+ * nothing owned. */
+typedef struct {
+    const void *x;        /* [M, K], dtype, 16-byte aligned */
+    const void *words;    /* int32 [K * N / 8], the prepared codes */
+    const void *operands; /* int32 [(K / G) * N * 2], the prepared zeros and scales */
+    const void *bias;     /* [N], dtype; NULL: no bias */
+    void *y;              /* [M, N], dtype */
+    int64_t M, K, N, G;   /* N % 128 == 0, K % 128 == 0, G = 64 x 2^j dividing K */
+    awq_dtype dtype;      /* float16 or bfloat16 */
+    int device;
+    void *stream;
+} awq_prepared_problem;
+
+/* 1 when this build runs the prepared-layout kernel on `device` (compute
+ * capability 9.0, sm_90a code), else 0. */
+int awq_cuda_prepared_supported(int device);
+
+/* Launch it on p->stream of p->device, its tile and split chosen for the
+ * problem.  AWQ_ERR_CONFIG when the problem or the device does not fit it. */
+awq_status awq_cuda_linear_prepared(const awq_prepared_problem *p, int *detail);
+
 #ifdef __cplusplus
 }
 #endif

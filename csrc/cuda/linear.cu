@@ -53,6 +53,7 @@
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_layout.cuh"
 #include "cuda/linear_ops.cuh"
+#include "cuda/linear_prepared.cuh"
 #include "cuda/linear_wgmma.cuh"
 
 using namespace awq_cu;
@@ -848,13 +849,13 @@ template <auto Kernel, bool SharedFirst = false> cudaError_t allow_smem(int devi
 
 /* Why: every kernel's launch ends the same way: the shared-memory opt-in,
  * then a cluster of `cluster` blocks along x (sm_90) or a plain launch. */
-template <auto Kernel, bool SharedFirst = false, class Args>
+template <auto Kernel, bool SharedFirst = false, class... Args>
 cudaError_t launch_with_smem(const LaunchShape &s, unsigned cluster, int device, const Device &d, cudaStream_t stream,
-                             const Args &a)
+                             const Args &...a)
 {
     const cudaError_t e = allow_smem<Kernel, SharedFirst>(device, s.smem, d.smem_optin);
     if (e != cudaSuccess) return e;
-    return cluster > 1 ? launch_cluster<Kernel>(s, cluster, stream, a) : launch<Kernel>(s, stream, a);
+    return cluster > 1 ? launch_cluster<Kernel>(s, cluster, stream, a...) : launch<Kernel>(s, stream, a...);
 }
 
 /* A configuration with these launch fields (the others zero). */
@@ -1364,6 +1365,89 @@ awq_status prepare(const awq_linear_problem *p, const awq_config *in, Device *d,
     return resolve_config(p, in, *d, c);
 }
 
+
+/* ---- the prepared-layout kernel (cuda/linear_prepared.cuh) --------------- */
+
+/* What it needs from the problem: f16/bf16, N % 128 == 0, K a multiple of
+ * 128 below 2^30 (K/64 stages, an even number a block), G = 64 x 2^j
+ * dividing K, x 16-byte aligned (the tensor map's base), y and bias 4-byte
+ * aligned (pairs) -- the C entry checks these with clear messages; this is
+ * the backend's own guard. */
+bool prepared_problem_ok(const awq_prepared_problem *p)
+{
+    if (p->dtype != AWQ_F16 && p->dtype != AWQ_BF16) return false;
+    if (p->M < 1 || p->N < prep::kCols || p->N % prep::kCols || p->K < 2 * prep::kStageK ||
+        p->K % (2 * prep::kStageK) || p->K >= (int64_t(1) << 30) || p->G < prep::kStageK || p->K % p->G)
+        return false;
+    if (!is_pow2(p->G / prep::kStageK) || p->G % prep::kStageK) return false;
+    return aligned(p->x, 16) && aligned(p->words, 16) && aligned(p->operands, 16) && aligned(p->y, 16) &&
+           (!p->bias || aligned(p->bias, 16));
+}
+
+/* Rows of x a block (NT) and blocks of a cluster (split): the least of
+ * rounds x (stages a block x the time of a stage + a split's reduction),
+ * where a round is one block on every multiprocessor, a stage of 128 rows
+ * costs about 0.8 of one of 256 (the products halve; the weights' loads and
+ * dequantization, and the warps' other work, stay) and the reduction about
+ * 8 stages of 256 rows.  Fitted to every (256 | 128) x (1 | 2) on the seven
+ * Llama-3-8B projections at M = 512 on an H100, it picks the fastest on
+ * each (docs/KERNELS.md). */
+void prepared_choice(const awq_prepared_problem *p, const Device &d, int *nt_out, int *split_out)
+{
+    double best = 0.0;
+    *nt_out = 256;
+    *split_out = 1;
+    const int64_t stages = p->K / prep::kStageK;
+    for (int nt : {256, 128})
+        for (int split : {1, 2}) {
+            if (stages % (prep::kAhead * split)) continue;
+            const int64_t blocks = ceil_div(p->M, nt) * (p->N / prep::kCols) * split;
+            const double cost = (double)ceil_div(blocks, d.sms) *
+                                ((double)(stages / split) * (nt == 256 ? 1.0 : 0.8) + (split > 1 ? 8.0 : 0.0));
+            if (best == 0.0 || cost < best - 1e-9) {
+                best = cost;
+                *nt_out = nt;
+                *split_out = split;
+            }
+        }
+}
+
+template <class T, int NT>
+cudaError_t prepared_launch_tile(const awq_prepared_problem *p, int split, const Device &d, cudaStream_t stream)
+{
+    const sm90::EncodeTiled encode = sm90::tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    CUtensorMap tx;
+    const CUtensorMapDataType xt =
+        std::is_same<T, F16T>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if (sm90::tensor_map(encode, &tx, xt, p->x, p->M, p->K, 2, prep::kStageK, NT)) return cudaErrorInvalidValue;
+    prep::Args a;
+    a.words = static_cast<const uint4 *>(p->words);
+    a.operands = static_cast<const uint4 *>(p->operands);
+    a.bias = static_cast<const char *>(p->bias);
+    a.y = static_cast<char *>(p->y);
+    a.M = p->M;
+    a.N = p->N;
+    a.K = (int)p->K;
+    a.split = split;
+    a.gshift = 0;
+    while ((int64_t(prep::kStageK) << a.gshift) < p->G) ++a.gshift;
+    LaunchShape s;
+    const int64_t blocks = ceil_div(p->M, NT) * (p->N / prep::kCols) * split;
+    if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
+    s.grid = dim3((unsigned)blocks, 1, 1);
+    s.block = dim3(prep::kThreads, 1, 1);
+    s.smem = prep::Tile<NT>::kSmem;
+    return launch_with_smem<prep::prepared_kernel<T, NT>>(s, (unsigned)split, p->device, d, stream, a, tx);
+}
+
+template <class T>
+cudaError_t prepared_launch_type(const awq_prepared_problem *p, int nt, int split, const Device &d,
+                                 cudaStream_t stream)
+{
+    return nt == 256 ? prepared_launch_tile<T, 256>(p, split, d, stream)
+                     : prepared_launch_tile<T, 128>(p, split, d, stream);
+}
 } // namespace
 
 extern "C" {
@@ -1378,6 +1462,36 @@ awq_status awq_cuda_linear(const awq_linear_problem *p, const awq_config *c, int
     DeviceScope scope;
     cudaError_t e = scope.enter(p->device);
     if (e == cudaSuccess) e = clear_error(launch_linear(p, &rc, d, static_cast<cudaStream_t>(p->stream)));
+    set_detail(detail, (int)e);
+    return linear_status(e);
+}
+
+int awq_cuda_prepared_supported(int device)
+{
+    Device d;
+    return device_of(device, &d) == cudaSuccess && d.warpgroups() && d.smem_optin >= prep::Tile<256>::kSmem;
+}
+
+awq_status awq_cuda_linear_prepared(const awq_prepared_problem *p, int *detail)
+{
+    set_detail(detail, 0);
+    if (!p || !prepared_problem_ok(p)) return AWQ_ERR_CONFIG;
+    Device d;
+    cudaError_t e = device_of(p->device, &d);
+    if (e != cudaSuccess) {
+        set_detail(detail, (int)e);
+        return status_of(e);
+    }
+    if (!d.warpgroups() || d.smem_optin < prep::Tile<256>::kSmem) return AWQ_ERR_CONFIG;
+    int nt = 256, split = 1;
+    prepared_choice(p, d, &nt, &split);
+    DeviceScope scope;
+    e = scope.enter(p->device);
+    if (e == cudaSuccess) {
+        const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+        e = clear_error(p->dtype == AWQ_F16 ? prepared_launch_type<F16T>(p, nt, split, d, stream)
+                                            : prepared_launch_type<BF16T>(p, nt, split, d, stream));
+    }
     set_detail(detail, (int)e);
     return linear_status(e);
 }

@@ -128,3 +128,16 @@ awq_status awq_cuda_linear_time(const awq_linear_problem *p, const awq_config *c
     *detail = 0;
     return AWQ_ERR_NO_CUDA;
 }
+
+int awq_cuda_prepared_supported(int device)
+{
+    (void)device;
+    return 0;
+}
+
+awq_status awq_cuda_linear_prepared(const awq_prepared_problem *p, int *detail)
+{
+    (void)p;
+    *detail = 0;
+    return AWQ_ERR_NO_CUDA;
+}
