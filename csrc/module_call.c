@@ -23,8 +23,8 @@
  *     active, and autograd has nothing to record (grad mode off, or
  *     neither x nor the scales nor the bias requires grad);
  *   - the layer's forward is AWQLinear.forward (none set on the instance
- *     or overridden by a subclass) and the layer computes alone (no
- *     fuse_projections group).
+ *     or overridden by a subclass), the layer computes alone (no
+ *     fuse_projections group) and has no prepared layout (prepare_prefill).
  * torch.compile never gets here: the Python call checks
  * torch.compiler.is_compiling() first, which it folds to True.
  *
@@ -48,6 +48,7 @@ static const char *const kNames[AWQ_MC_NAMES] = {
     [AWQ_MC_BACKWARD_HOOKS] = "_backward_hooks",
     [AWQ_MC_FORWARD] = "forward",
     [AWQ_MC_SIBLINGS] = "_siblings",
+    [AWQ_MC_PREFILL] = "_prefill",
     [AWQ_MC_BUFFERS] = "_buffers",
     [AWQ_MC_CALL] = "__call__",
     [AWQ_MC_CALL_IMPL] = "_call_impl",
@@ -174,6 +175,9 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
     if (r == 1 && (PyDict_GetItemWithError(d, name[AWQ_MC_FORWARD]) != NULL || PyErr_Occurred()))
         r = 0;
     if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_SIBLINGS])) != NULL && v != Py_None)
+        r = 0;
+    /* no prepared layout (prepare_prefill), whose choice of kernel is forward's */
+    if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_PREFILL])) != NULL && v != Py_None)
         r = 0;
     for (int i = AWQ_MC_FORWARD_PRE; r == 1 && i <= AWQ_MC_BACKWARD_HOOKS; i++)
         r = empty_dict_at(d, name[i]);

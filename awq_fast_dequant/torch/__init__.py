@@ -19,6 +19,9 @@ and provides:
 - fuse_projections(model, example=None): AWQ layers called in a row with one
   input (attention's q/k/v, a gated MLP's gate/up) computed by one call;
   unfuse_projections(model) undoes it;
+- prepare_prefill(model): on compute capability 9.0 (H100, H200), a second
+  copy of the weights in the layout of the prefill kernel, which then runs
+  inputs of 128 rows or more (at the cost of qweight's memory again);
 - load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
   revision=None): a Hugging Face AWQ checkpoint, a folder or a Hub repository,
   loaded into its transformers model (needs the 'hf' extra).
@@ -35,8 +38,9 @@ from ._ops import dequantize, dequantize_out, linear  # noqa: E402
 from ._module import AWQLinear, quantize_model  # noqa: E402
 from ._experts import UnfusedExperts  # noqa: E402
 from ._siblings import fuse_projections, unfuse_projections  # noqa: E402
+from ._prefill import prepare_prefill  # noqa: E402
 from ._hf import load_pretrained, parameters_on_meta  # noqa: E402
 
 __all__ = ["AWQLinear", "UnfusedExperts", "quantize_model", "fuse_projections",
-           "unfuse_projections", "load_pretrained",
+           "unfuse_projections", "prepare_prefill", "load_pretrained",
            "parameters_on_meta", "dequantize", "dequantize_out", "linear"]

@@ -18,7 +18,7 @@ import awq_fast_dequant as _afd
 from awq_fast_dequant.quant import _check_act_order, _check_grid, _check_refine
 from awq_fast_dequant.reference import DTYPES
 
-from . import _experts, _ops
+from . import _experts, _ops, _prefill
 
 __all__ = ["AWQLinear", "quantize_model"]
 
@@ -149,6 +149,8 @@ class AWQLinear(nn.Module):
     # Set by fuse_projections: the group this layer is computed with, and its place in it.
     _siblings = None
     _sibling_index = None
+    # Set by prepare_prefill: the prefill kernel's weight layout (_prefill.Prepared).
+    _prefill = None
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 128,
                  bias: bool = True, *, dtype=torch.float16, device=None):
@@ -220,6 +222,10 @@ class AWQLinear(nn.Module):
             # under no_grad: the same values, detached for Tensor.__dlpack__
             x, scales = x.detach(), scales.detach()
             bias = None if bias is None else bias.detach()
+        if self._prefill is not None:
+            y = _prefill.forward(self, x, b, bias)
+            if y is not None:
+                return y
         try:
             return _linear(x, b["qweight"], b["qzeros"], scales, bias, group_size=self.group_size)
         except TypeError:
@@ -410,6 +416,8 @@ class AWQLinear(nn.Module):
         group = self._siblings
         if group is not None and not group.intact():
             group.dissolve()  # converted: the views are copies now, or some are
+        if self._prefill is not None:
+            self._prefill = _prefill.build(self)  # for the converted buffers, or none
         return result
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from . import _ops
+from . import _ops, _prefill
 from ._experts import UnfusedExperts
 from ._module import _BUFFERS, AWQLinear, _recording_inputs, _run_input, _version_of
 
@@ -317,3 +317,6 @@ def _fuse(members: list) -> None:
     group = Siblings(members, fused)
     for i, m in enumerate(members):
         m._siblings, m._sibling_index = group, i
+    layouts = [m.__dict__.pop("_prefill", None) for m in members]
+    if any(p is not None for p in layouts):
+        fused._prefill = _prefill.build(fused)  # prepare_prefill's layout, now the group's
