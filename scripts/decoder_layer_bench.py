@@ -16,6 +16,11 @@ AWQ layer after fuse_projections too (q/k/v and gate/up each one call). Batch 1.
   so that no call waits on it (target: within 3 us); nn.Linear of the same
   shape, the registered op that compiled code calls, and nn.Identity (what
   nn.Module's call costs by itself), for comparison.
+- on compute capability 9.0 (H100, H200), `AWQ+P` and `fused+P` are the two
+  AWQ layers after prepare_prefill: their projections run 128 rows or more on
+  the prepared-layout kernel. Printed: their prefill ratio too (eager only:
+  under torch.compile the layers go through the registered op, which does not
+  use the layout).
 - --no-graph: the decode step also run as transformers runs it when nothing
   captures it, launch by launch from Python: --runs steps back to back after
   one L2 flush, timed between CUDA events, so that the host's time counts
@@ -55,7 +60,7 @@ import transformers
 
 import awq_fast_dequant as awq
 from awq_fast_dequant.bench import CpuTimer, CudaTimer
-from awq_fast_dequant.torch import AWQLinear, fuse_projections, quantize_model
+from awq_fast_dequant.torch import AWQLinear, fuse_projections, prepare_prefill, quantize_model
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=128)
@@ -95,7 +100,8 @@ def parse_args():
 
 def build_layers(dims, group, dtype, device, seed):
     """(dense LlamaDecoderLayer, its AWQ copy, that copy with fuse_projections, the
-    rotary embedding module)."""
+    two AWQ layers after prepare_prefill by name (none off compute capability 9.0),
+    the rotary embedding module)."""
     config = transformers.LlamaConfig(**dims, num_hidden_layers=1, vocab_size=128,
                                       max_position_embeddings=8192)
     config._attn_implementation = "sdpa"
@@ -107,13 +113,23 @@ def build_layers(dims, group, dtype, device, seed):
     if skipped:
         raise SystemExit(f"layers left dense: {skipped}")
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config).to(device)
-    fused = copy.deepcopy(quantized)
     x = torch.zeros(1, 2, dims["hidden_size"], device=device, dtype=dtype)
     rope = tuple(t.to(dtype) for t in rotary(x, torch.arange(2, device=device).unsqueeze(0)))
-    groups = fuse_projections(fused, {"hidden_states": x, "position_embeddings": rope})
-    if len(groups) != 2:
-        raise SystemExit(f"fuse_projections fused {groups}; expected q/k/v and gate/up")
-    return dense, quantized, fused, rotary
+
+    def fused_copy():
+        fused = copy.deepcopy(quantized)
+        groups = fuse_projections(fused, {"hidden_states": x, "position_embeddings": rope})
+        if len(groups) != 2:
+            raise SystemExit(f"fuse_projections fused {groups}; expected q/k/v and gate/up")
+        return fused
+
+    # on compute capability 9.0 the two AWQ layers again with the prefill layout
+    prepared = {"AWQ+P": copy.deepcopy(quantized), "fused+P": fused_copy()}
+    for name, layer in prepared.items():
+        if prepare_prefill(layer)["skipped"]:
+            prepared = {}
+            break
+    return dense, quantized, fused_copy(), prepared, rotary
 
 
 def replace_awq_linears(model, make):
@@ -363,8 +379,8 @@ def main():
     dims = TINY if args.tiny else LLAMA3_8B
     dtype = torch.float16 if on_cuda else torch.float32
     hidden = dims["hidden_size"]
-    dense, quantized, fused, rotary = build_layers(dims, args.group, dtype, device,
-                                                   args.seed)
+    dense, quantized, fused, prepared, rotary = build_layers(dims, args.group, dtype, device,
+                                                             args.seed)
     if on_cuda:
         timer = CudaTimer(torch, device, max(256 << 20, 2 * torch.cuda.get_device_properties(
             device).L2_cache_size))
@@ -383,9 +399,13 @@ def main():
             raise SystemExit("--read-floor needs CuPy (the read-only kernel is a CuPy "
                              "RawKernel)") from None
         read_only = read_only_of(quantized)
+    if not prepared:
+        print("prepare_prefill: not on this device (compute capability 9.0 only)")
     modes = ["eager", "torch.compile"] if args.compile else ["eager"]
     for mode in modes:
         layers = {"dense": dense, "AWQ": quantized, "fused": fused}
+        if mode == "eager":
+            layers.update(prepared)
         if read_only is not None:
             layers["read-only"] = read_only
         if mode != "eager":
@@ -395,7 +415,8 @@ def main():
             steps = {name: Step(layer, rotary, tokens, hidden, dtype, device, args.seed)
                      for name, layer in layers.items() if tokens == 1 or name != "read-only"}
             err = max(check(q, steps[name], dtype, rotary, tokens, hidden, device, args.seed)
-                      for name, q in (("AWQ", quantized), ("fused", fused)))
+                      for name, q in (("AWQ", quantized), ("fused", fused), *prepared.items())
+                      if name in steps)
             samples = time_pair(timer, steps, args.trials, args.repeats, args.seed)
             medians = {}
             print(f"{phase} ({tokens} token{'s' if tokens > 1 else ''}, {mode}, "
@@ -431,6 +452,10 @@ def main():
         print(f"{prefix}prefill ratio (AWQ / dense): "
               f"{prefill['AWQ'] / prefill['dense']:.3f}; fused projections "
               f"{prefill['fused'] / prefill['dense']:.3f}  (target <= 1.10)")
+        if "AWQ+P" in prefill:
+            print(f"{prefix}prefill ratio with prepare_prefill (AWQ+P / dense): "
+                  f"{prefill['AWQ+P'] / prefill['dense']:.3f}; fused projections "
+                  f"{prefill['fused+P'] / prefill['dense']:.3f}  (target <= 1.10)")
     if on_cuda:
         host = host_overhead(device, args.host_repeats)
         print(f"host us per call, GPU busy (4096x4096, 1 token): AWQLinear "

@@ -7,7 +7,8 @@
 # experts and conversion benchmarks, the read-only floor (scripts/read_floor.py) and, on
 # compute capability 9.0, the warpgroup probe (scripts/wgmma_probe.cu) and the
 # three prefill probes (scripts/prefill_smem_probe.py, scripts/prefill_overlap_probe.py,
-# scripts/prefill_reg_probe.py).
+# scripts/prefill_reg_probe.py) and the prepared-layout kernel over M
+# (scripts/prefill_prepared_bench.py).
 # Full logs go to $OUT (default ./device_out); a short summary is printed last.
 #
 #     COMMIT=$(git rev-parse --short HEAD) OUT=/some/folder bash scripts/device_check.sh
@@ -20,7 +21,8 @@
 # sanitizers; PART=torch the build and the rest of tests/test_torch.py and
 # tests/test_torch_hf.py (about five minutes: torch.compile); PART=bench the
 # build and the benchmarks (all three: PART=all, the default); PART=probes the
-# build and the sm_90a probes alone (wgmma_probe.txt, prefill_smem.txt).
+# build and the sm_90a probes alone (wgmma_probe.txt, prefill_smem.txt,
+# prefill_prepared.txt).
 set -u
 R=$PWD
 OUT=${OUT:-$R/device_out}
@@ -128,6 +130,9 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; t
     # W from a layout prepared for each lane, loaded straight into wgmma's A registers.
     python3 "$R/scripts/prefill_reg_probe.py" >> "$OUT/prefill_smem.txt" 2>&1
     echo "prefill reg probe rc $?" >> "$OUT/prefill_smem.txt"
+    # The package's prepared-layout kernel (prepare_prefill) against linear() and dense, over M.
+    (cd "$R/scripts" && python3 prefill_prepared_bench.py) > "$OUT/prefill_prepared.txt" 2>&1
+    echo "prefill prepared bench rc $?" >> "$OUT/prefill_prepared.txt"
 fi
 
 # The summary (the device tool returns the end of the output).
@@ -148,6 +153,7 @@ tail -8 "$OUT/convert.txt"
 cat "$OUT/read_floor.txt"
 fi
 [ -f "$OUT/wgmma_probe.txt" ] && tail -6 "$OUT/wgmma_probe.txt"
+[ -f "$OUT/prefill_prepared.txt" ] && cat "$OUT/prefill_prepared.txt"
 [ -f "$OUT/prefill_smem.txt" ] &&
     grep -E "^(dense|linear|dequant\+mm|smem[0-9]+|ahead-st-40|r(128|256)/s[0-9]) |^(best|mix|all in one graph):|rc [0-9]" \
         "$OUT/prefill_smem.txt"
