@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 import awq_fast_dequant as awq
 from awq_fast_dequant.torch import AWQLinear, prepare_prefill
-from awq_fast_dequant.torch import _prefill
 from prefill_chunks import SHAPES, graph_medians, graph_of
 
 G = 128
@@ -49,10 +48,7 @@ def main():
     if not (awq.cuda_available() and torch.cuda.is_available()):
         raise SystemExit("needs a CUDA GPU and awq_fast_dequant built with CUDA")
     device = torch.device("cuda")
-    if not awq._C._prepared_supported(device.index or 0):
-        raise SystemExit("needs compute capability 9.0 and a build with its sm_90a code")
     os.environ.setdefault("AWQ_FAST_DEQUANT_CACHE_DIR", tempfile.mkdtemp())
-    _prefill.MIN_ROWS = 1  # every M on the kernel, to find where it wins
     gen = torch.Generator().manual_seed(0)
     layers = {name: layer_of(K, N, gen, device) for name, K, N in SHAPES}
     qkv = AWQLinear.from_tensors(*(torch.cat([layers[n]._buffers[b] for n in "qkv"], dim=-1)
@@ -60,7 +56,9 @@ def main():
     prepared = {name: AWQLinear.from_tensors(L.qweight, L.qzeros, L.scales) for name, L in layers.items()}
     prepared["qkv"] = qkv
     for L in prepared.values():
-        assert prepare_prefill(L)["skipped"] == {}
+        skipped = prepare_prefill(L, min_rows=1)["skipped"]  # every M on the kernel, to find where it wins
+        if skipped:
+            raise SystemExit(f"prepare_prefill: {skipped}")
     dense = {name: L.dequantized_weight().contiguous() for name, L in layers.items()}
     names = [name for name, _, _ in SHAPES]
     rows = [int(r) for r in args.rows.split(",")]

@@ -96,6 +96,9 @@ def test_prepare_prefill_reports_why_it_leaves_a_layer_alone():
     assert all(m._prefill is None for m in model.modules() if isinstance(m, AWQLinear))
     with pytest.raises(TypeError, match="nn.Module"):
         prepare_prefill(torch.zeros(3))
+    for bad, exc in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(exc, match="min_rows"):
+            prepare_prefill(model, min_rows=bad)
 
 
 def test_the_kernel_entry_refuses_host_memory_with_a_clear_error():
@@ -196,13 +199,13 @@ def hopper_layer(K=1024, N=768, G=128, dtype=torch.float16, bias=True, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_prepared_layer_runs_many_rows_on_the_kernel_and_few_on_linear(dtype, monkeypatch):
     layer = hopper_layer(dtype=dtype)
-    report = prepare_prefill(layer)
+    report = prepare_prefill(layer, min_rows=100)
     assert report["skipped"] == {} and report["bytes"] == layer.qweight.nbytes + 4 * layer.scales.nbytes
     calls = []
     real = _prefill._linear_prepared
     monkeypatch.setattr(_prefill, "_linear_prepared", lambda *a: calls.append(a[0].shape) or real(*a))
     gen = torch.Generator().manual_seed(1)
-    least = _prefill.MIN_ROWS
+    least = 100
     for rows in (1, least - 1, least, 2 * least + 5):
         x = torch.randn(rows, 1024, generator=gen).to(dtype).cuda()
         with torch.no_grad():

@@ -417,7 +417,7 @@ class AWQLinear(nn.Module):
         if group is not None and not group.intact():
             group.dissolve()  # converted: the views are copies now, or some are
         if self._prefill is not None:
-            self._prefill = _prefill.build(self)  # for the converted buffers, or none
+            self._prefill = _prefill.build(self, self._prefill.min_rows)  # converted buffers, or none
         return result
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -102,9 +102,10 @@ class Prepared:
     """A layer's prepared layout and the tensors it was built from, at their
     versions: a buffer replaced or written in place makes it stale."""
 
-    __slots__ = ("words", "operands", "dtype", "sources", "versions")
+    __slots__ = ("words", "operands", "dtype", "sources", "versions", "min_rows")
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, min_rows: int):
+        self.min_rows = min_rows
         b = layer._buffers
         self.sources = (b["qweight"], b["qzeros"], b["scales"])
         self.versions = tuple(_version(t) for t in self.sources)
@@ -127,37 +128,38 @@ def _version(t: torch.Tensor):
         return None
 
 
-def build(layer: nn.Module) -> Prepared | None:
+def build(layer: nn.Module, min_rows: int = MIN_ROWS) -> Prepared | None:
     """The layer's layout, or None where the kernel cannot run it."""
-    return None if unfit_reason(layer) else Prepared(layer)
+    return None if unfit_reason(layer) else Prepared(layer, min_rows)
 
 
 def forward(layer: nn.Module, x: torch.Tensor, b: dict, bias):
     """y from the prefill kernel, or None where forward must call linear()."""
     pre = layer._prefill
     if (not x.is_cuda or x.dtype is not pre.dtype
-            or x.numel() < MIN_ROWS * layer.in_features or x.shape[-1] != layer.in_features):
+            or x.numel() < pre.min_rows * layer.in_features or x.shape[-1] != layer.in_features):
         return None
     if not pre.fresh(b):
         if _capturing():
             return None  # no new memory inside a CUDA graph: linear() this time
-        pre = layer._prefill = build(layer)
+        pre = layer._prefill = build(layer, pre.min_rows)
         if pre is None:
             return None
     return _linear_prepared(x, pre.words, pre.operands, bias, layer.group_size, None)
 
 
-def prepare_prefill(model: nn.Module, enable: bool = True) -> dict:
+def prepare_prefill(model: nn.Module, enable: bool = True, *, min_rows: int = MIN_ROWS) -> dict:
     """Give every AWQLinear of `model` (or `model` itself) the prefill kernel's
     weight layout, or take it away (enable=False).
 
     On compute capability 9.0 (H100, H200), float16 or bfloat16, in_features and
     out_features multiples of 128 and group_size 64 x 2^j, a prepared layer runs
-    inputs of at least MIN_ROWS (128) rows on a kernel that reads its weights
+    inputs of at least min_rows rows on a kernel that reads its weights
     from the layout straight into the tensor cores' registers: a 512-token
     prefill gets close to the dense layer's speed, where linear() dequantizes
     into a buffer and multiplies (docs/KERNELS.md). The layout costs as much
-    GPU memory as qweight again. Layers of a fuse_projections group share one
+    GPU memory as qweight again. min_rows sets where the kernel takes over from
+    linear(), for each prepared layer. Layers of a fuse_projections group share one
     layout, the group's. Fewer rows, other devices, torch.compile and layers
     that cannot use it run as before.
 
@@ -172,6 +174,10 @@ def prepare_prefill(model: nn.Module, enable: bool = True) -> dict:
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare_prefill takes an nn.Module, got {type(model).__name__}")
+    if isinstance(min_rows, bool) or not isinstance(min_rows, int):
+        raise TypeError(f"min_rows must be an int, got {type(min_rows).__name__}")
+    if min_rows < 1:
+        raise ValueError(f"min_rows must be at least 1, got {min_rows}")
     prepared, skipped, total, seen = [], {}, 0, set()
     for name, module in model.named_modules():
         if not isinstance(module, AWQLinear):
@@ -190,7 +196,7 @@ def prepare_prefill(model: nn.Module, enable: bool = True) -> dict:
             target.__dict__.pop("_prefill", None)
             skipped[name] = reason
             continue
-        target._prefill = Prepared(target)
+        target._prefill = Prepared(target, min_rows)
         total += target._prefill.nbytes()
         prepared.append(name or type(module).__name__)
     if enable:

@@ -318,5 +318,6 @@ def _fuse(members: list) -> None:
     for i, m in enumerate(members):
         m._siblings, m._sibling_index = group, i
     layouts = [m.__dict__.pop("_prefill", None) for m in members]
-    if any(p is not None for p in layouts):
-        fused._prefill = _prefill.build(fused)  # prepare_prefill's layout, now the group's
+    layouts = [p for p in layouts if p is not None]
+    if layouts:  # prepare_prefill's layout, now the group's
+        fused._prefill = _prefill.build(fused, layouts[0].min_rows)
