@@ -21,7 +21,7 @@ and provides:
   unfuse_projections(model) undoes it;
 - prepare_prefill(model): on compute capability 9.0 (H100, H200), a second
   copy of the weights in the layout of the prefill kernel, which then runs
-  inputs of 128 rows or more (at the cost of qweight's memory again);
+  inputs of 192 rows or more (at the cost of qweight's memory again);
 - load_pretrained(path, *, dtype=None, device=None, model_class=None, progress=False,
   revision=None): a Hugging Face AWQ checkpoint, a folder or a Hub repository,
   loaded into its transformers model (needs the 'hf' extra).
