@@ -1,9 +1,11 @@
-"""A fused prefill GEMM on a prepared weight layout, against dense.
+"""The prepared-layout kernel at every tile and split, against dense.
 
-Builds scripts/prefill_reg_probe.cu (nvcc, sm_90a: an H100 or H200) and loads
-it with ctypes. The kernel reads W from a layout prepared once from AWQ's
-qweight, qzeros and scales (prepare() below): each lane's A fragment of a
-stage in one 16-byte load. First it checks the kernel against a float64
+Builds scripts/prefill_reg_probe.cu (nvcc, sm_90a: an H100 or H200), which
+launches the package's kernel (csrc/cuda/linear_prepared.cuh) with the tile
+and split it is given, and loads it with ctypes. The kernel reads W from a
+layout prepared once from AWQ's qweight, qzeros and scales (prepare() below,
+written apart from the package's): each lane's A fragment of a stage in one
+16-byte load. First it checks the kernel against a float64
 reference (float16 and bfloat16, rows past a tile, G = 64 and 128, every tile
 and split): its error must stay within that of the dense matmul of the
 exactly dequantized weights, and two runs must give the same bits. Then it
@@ -15,7 +17,7 @@ replays in random order, medians):
 - dense: F.linear with the dequantized weights (what nn.Linear runs);
 - linear: awq_fast_dequant.linear untuned (at these M, dequantize + matmul),
   where the package is built with CUDA;
-- rNT/sS: the probe with NT rows of x a block (256 or 128) and K split over
+- rNT/sS: the kernel with NT rows of x a block (256 or 128) and K split over
   S blocks of a cluster; then "best", each projection on its fastest of them,
   and "mix", each on the fastest of them and linear() (what a dispatcher
   would run).
@@ -44,10 +46,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = [(256, 1), (256, 2), (128, 1), (128, 2), (128, 4)]
 
 
-def build(out_dir, defines=()):
+def build(out_dir):
     so = pathlib.Path(out_dir) / "prefill_reg_probe.so"
     done = subprocess.run(["nvcc", "-O3", "-std=c++17", "-I", str(ROOT / "csrc"), "-gencode",
-                           "arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC", *defines,
+                           "arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
                            str(ROOT / "scripts" / "prefill_reg_probe.cu"), "-o", str(so)],
                           capture_output=True, text=True)
     print(done.stdout + done.stderr, end="")
@@ -130,20 +132,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=512, help="rows of x (default 512)")
     ap.add_argument("--trials", type=int, default=9, help="trials (default 9)")
-    ap.add_argument("-D", dest="defines", action="append", default=[],
-                    help="a macro for the kernel: PROBE_AHEAD=4 (the words 4 stages ahead instead of 2)")
     ap.add_argument("--layers", default="q,k,v,o,gate,up,down", help="projections to time")
     ap.add_argument("--once", metavar="LAYER:ROWS:SPLIT", help="launch the probe twice on one projection and stop "
                     "(for a profiler)")
     args = ap.parse_args()
-    ahead = next((int(d.split("=")[1]) for d in args.defines if d.startswith("PROBE_AHEAD=")), 2)
+    ahead = 2  # stages a lane's words are loaded ahead (prep::kAhead): a block's stages, a multiple of it
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     device = torch.device("cuda")
     if torch.cuda.get_device_capability(device) != (9, 0):
         raise SystemExit("needs compute capability 9.0 (wgmma, the tensor memory accelerator)")
     with tempfile.TemporaryDirectory() as tmp:
-        lib = build(tmp, [f"-D{d}" for d in args.defines])
+        lib = build(tmp)
         if not args.once:
             check(lib, device, ahead)
         gen = torch.Generator().manual_seed(0)
