@@ -24,7 +24,8 @@
  *     neither x nor the scales nor the bias requires grad);
  *   - the layer's forward is AWQLinear.forward (none set on the instance
  *     or overridden by a subclass), the layer computes alone (no
- *     fuse_projections group) and has no prepared layout (prepare_prefill).
+ *     fuse_projections group), and it has no prepared layout
+ *     (prepare_prefill) or x has fewer rows than the layout's min_rows.
  * torch.compile never gets here: the Python call checks
  * torch.compiler.is_compiling() first, which it folds to True.
  *
@@ -49,6 +50,8 @@ static const char *const kNames[AWQ_MC_NAMES] = {
     [AWQ_MC_FORWARD] = "forward",
     [AWQ_MC_SIBLINGS] = "_siblings",
     [AWQ_MC_PREFILL] = "_prefill",
+    [AWQ_MC_MIN_ROWS] = "min_rows",
+    [AWQ_MC_SHAPE] = "shape",
     [AWQ_MC_BUFFERS] = "_buffers",
     [AWQ_MC_CALL] = "__call__",
     [AWQ_MC_CALL_IMPL] = "_call_impl",
@@ -100,6 +103,39 @@ PyObject *awq_py_set_module_glue(PyObject *module, PyObject *const *args, Py_ssi
     for (int i = 0; i < AWQ_MC_GLUE; i++)
         Py_XSETREF(st->mc_glue[i], Py_NewRef(args[i]));
     Py_RETURN_NONE;
+}
+
+/* 1 when x has fewer rows (the product of its leading dimensions) than the
+ * prepared layout `pre` takes (its min_rows): the call is linear()'s; 0 when
+ * it has as many or more, for forward to run the prefill kernel; -1 with an
+ * exception. */
+static int below_prefill(awq_state *st, PyObject *pre, PyObject *x)
+{
+    PyObject *least = PyObject_GetAttr(pre, st->mc_names[AWQ_MC_MIN_ROWS]);
+    if (least == NULL)
+        return -1;
+    const long long min_rows = PyLong_AsLongLong(least);
+    Py_DECREF(least);
+    if (min_rows == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *shape = PyObject_GetAttr(x, st->mc_names[AWQ_MC_SHAPE]);
+    if (shape == NULL)
+        return -1;
+    int r = 0; /* a 0-d x: forward's to refuse */
+    if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) >= 1) {
+        long long rows = 1;
+        for (Py_ssize_t i = 0; i + 1 < PyTuple_GET_SIZE(shape) && rows < min_rows; i++) {
+            const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+            if (n == -1 && PyErr_Occurred()) {
+                Py_DECREF(shape);
+                return -1;
+            }
+            rows = n > 0 && rows > min_rows / n ? min_rows : rows * n; /* no overflow */
+        }
+        r = rows < min_rows;
+    }
+    Py_DECREF(shape);
+    return r;
 }
 
 /* 1 when d[key] is an empty dict, 0 when it is anything else or missing,
@@ -176,9 +212,13 @@ static int may_run(awq_state *st, PyObject *layer, PyObject *args, PyObject *kwa
         r = 0;
     if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_SIBLINGS])) != NULL && v != Py_None)
         r = 0;
-    /* no prepared layout (prepare_prefill), whose choice of kernel is forward's */
-    if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_PREFILL])) != NULL && v != Py_None)
-        r = 0;
+    /* no prepared layout (prepare_prefill), or fewer rows than it takes: from
+     * min_rows on forward runs the prefill kernel */
+    if (r == 1 && (v = PyDict_GetItemWithError(d, name[AWQ_MC_PREFILL])) != NULL && v != Py_None) {
+        Py_INCREF(v);
+        r = below_prefill(st, v, x);
+        Py_DECREF(v);
+    }
     for (int i = AWQ_MC_FORWARD_PRE; r == 1 && i <= AWQ_MC_BACKWARD_HOOKS; i++)
         r = empty_dict_at(d, name[i]);
     PyObject *buffers = r == 1 ? PyDict_GetItemWithError(d, name[AWQ_MC_BUFFERS]) : NULL;

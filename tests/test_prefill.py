@@ -101,6 +101,25 @@ def test_prepare_prefill_reports_why_it_leaves_a_layer_alone():
             prepare_prefill(model, min_rows=bad)
 
 
+def test_calls_below_min_rows_stay_on_the_c_call_path(monkeypatch):
+    torch.manual_seed(0)
+    layer = AWQLinear.from_linear(nn.Linear(256, 128), 128)
+    pre = _prefill.Prepared.__new__(_prefill.Prepared)  # a layout's stand-in: forward passes host x on
+    pre.min_rows, pre.dtype = 8, torch.float16
+    layer._prefill = pre
+    calls = []
+    real = _prefill.forward
+    monkeypatch.setattr(_prefill, "forward", lambda *a: calls.append(a[1].shape) or real(*a))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for shape in ((3, 256), (7, 256), (8, 256), (2, 3, 256), (2, 5, 256), (0, 256), (1, 1, 1, 256)):
+            x = torch.randn(*shape, generator=gen)
+            y = layer(x)
+            assert_linear_close(y.reshape(-1, 128), x.reshape(-1, 256), layer.qweight, layer.qzeros,
+                                layer.scales, layer.bias, 128)
+    assert calls == [(8, 256), (2, 5, 256)]  # 8 and 10 rows: forward's; fewer: linear() from C
+
+
 def test_the_kernel_entry_refuses_host_memory_with_a_clear_error():
     qweight, qzeros, scales = random_layer(128, 128, 64, torch.float16)
     words, operands = _prefill.layout(qweight, qzeros, scales, 64)
