@@ -111,15 +111,10 @@ static int check(const awq_view *v, const int *have, PyObject *group_size, awq_p
             }
     }
     for (int i = 0; i < P_NUM; i++)
-        if (have[i] && i != P_BIAS && ((uintptr_t)v[i].data % 16) != 0) {
-            PyErr_Format(PyExc_ValueError, "%s's data must be 16-byte aligned (the tensor memory accelerator's)",
-                         kNames[i]);
+        if (have[i] && ((uintptr_t)v[i].data % 16) != 0) {
+            PyErr_Format(PyExc_ValueError, "%s's data must be 16-byte aligned", kNames[i]);
             return -1;
         }
-    if (have[P_BIAS] && ((uintptr_t)v[P_BIAS].data % 16) != 0) {
-        PyErr_SetString(PyExc_ValueError, "bias's data must be 16-byte aligned");
-        return -1;
-    }
     memset(p, 0, sizeof *p);
     p->x = x->data;
     p->words = v[P_WORDS].data;
@@ -164,14 +159,6 @@ PyObject *awq_py_linear_prepared(PyObject *module, PyObject *const *args, Py_ssi
     }
     if (check(v, have, args[4], &p) < 0 || awq_stream_of(&opts, &v[P_X], p.device, &p.stream) < 0)
         goto done;
-    if (!awq_cuda_prepared_supported(p.device)) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "the prepared layout's kernel runs on compute capability 9.0 (H100, H200) in a build "
-                     "with its sm_90a code; device %d is not one (build_info() lists the build's "
-                     "architectures)",
-                     p.device);
-        goto done;
-    }
     if (have[P_OUT]) {
         result = Py_NewRef(args[5]);
         p.y = v[P_OUT].data;
@@ -188,8 +175,12 @@ PyObject *awq_py_linear_prepared(PyObject *module, PyObject *const *args, Py_ssi
     if (p.M > 0) {
         int detail = 0;
         const awq_status s = awq_cuda_linear_prepared(&p, &detail);
-        if (s == AWQ_ERR_CONFIG) {
-            PyErr_SetString(PyExc_ValueError, "the prepared layout's kernel cannot run this problem");
+        if (s == AWQ_ERR_CONFIG) { /* check() has taken every problem it refuses: the device */
+            PyErr_Format(PyExc_RuntimeError,
+                         "the prepared layout's kernel runs on compute capability 9.0 (H100, H200) in a "
+                         "build with its sm_90a code; device %d is not one (build_info() lists the "
+                         "build's architectures)",
+                         p.device);
             goto done;
         }
         if (awq_raise_status(s, detail, p.device) < 0)

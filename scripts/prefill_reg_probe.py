@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 import awq_fast_dequant as awq
 from prefill_chunks import SHAPES, graph_medians, graph_of
-from prefill_smem_probe import agrees, unpack, weights
+from prefill_smem_probe import agrees, hopper, unpack, weights
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = [(256, 1), (256, 2), (128, 1), (128, 2), (128, 4)]
@@ -137,11 +137,7 @@ def main():
                     "(for a profiler)")
     args = ap.parse_args()
     ahead = 2  # stages a lane's words are loaded ahead (prep::kAhead): a block's stages, a multiple of it
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA GPU")
-    device = torch.device("cuda")
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        raise SystemExit("needs compute capability 9.0 (wgmma, the tensor memory accelerator)")
+    device = hopper()
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         if not args.once:

@@ -99,16 +99,25 @@ def agrees(run, ref, dense, dtype, label):
         raise SystemExit("the probe disagrees with the reference")
 
 
+def hopper():
+    """The CUDA device, where it is compute capability 9.0 (wgmma, the tensor memory
+    accelerator); SystemExit elsewhere."""
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        raise SystemExit("needs compute capability 9.0 (wgmma, the tensor memory accelerator)")
+    return device
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=512, help="rows of x (default 512)")
     ap.add_argument("--trials", type=int, default=15, help="trials (default 15)")
     args = ap.parse_args()
-    if not (torch.cuda.is_available() and awq.cuda_available()):
-        raise SystemExit("needs a CUDA GPU and awq_fast_dequant built with CUDA")
-    device = torch.device("cuda")
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        raise SystemExit("needs compute capability 9.0 (wgmma, the tensor memory accelerator)")
+    if not awq.cuda_available():
+        raise SystemExit("needs awq_fast_dequant built with CUDA")
+    device = hopper()
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         check(lib, device)

@@ -254,3 +254,19 @@ def assert_within_reference(y, y64, bound):
     bad = err > tol[~over]
     assert not bad.any(), (f"{int(bad.sum())} of {bad.size} outside the tolerance; worst "
                            f"excess {float((err - tol[~over]).max()):.3g}")
+
+
+def capture_cuda_graph(fn):
+    """(graph, fn's output) of fn captured in a CUDA graph, after one warm-up call on a
+    side stream (whatever allocates on the first call does so outside the capture)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

@@ -14,7 +14,7 @@ import pytest
 import awq_fast_dequant as awq
 from awq_fast_dequant.quant import unpack
 
-from conftest import assert_linear_close
+from conftest import assert_linear_close, capture_cuda_graph
 
 torch = pytest.importorskip("torch", reason="needs torch")
 nn = torch.nn
@@ -265,14 +265,7 @@ def test_a_prepared_layer_replays_from_a_cuda_graph():
     x = torch.randn(512, 1024, device="cuda").half()
     with torch.no_grad():
         want = layer(x)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            layer(x)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = layer(x)
+        graph, y = capture_cuda_graph(lambda: layer(x))
         x.copy_(torch.randn(512, 1024, device="cuda").half())
         graph.replay()
         torch.cuda.synchronize()

@@ -6,7 +6,7 @@ import pytest
 
 import awq_fast_dequant as awq
 
-from conftest import assert_linear_close
+from conftest import assert_linear_close, capture_cuda_graph
 
 torch = pytest.importorskip("torch", reason="needs torch")
 nn = torch.nn
@@ -425,14 +425,7 @@ def test_cuda_graph_replays_a_fused_model():
     x = example(torch.float16, "cuda", seed=17)
     with torch.no_grad():
         want = model(x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            model(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = model(x)
+        graph, out = capture_cuda_graph(lambda: model(x))
         x.copy_(example(torch.float16, "cuda", seed=18))
         graph.replay()
         fresh = model(x)

@@ -1365,14 +1365,12 @@ awq_status prepare(const awq_linear_problem *p, const awq_config *in, Device *d,
     return resolve_config(p, in, *d, c);
 }
 
-
 /* ---- the prepared-layout kernel (cuda/linear_prepared.cuh) --------------- */
 
 /* What it needs from the problem: f16/bf16, N % 128 == 0, K a multiple of
  * 128 below 2^30 (K/64 stages, an even number a block), G = 64 x 2^j
- * dividing K, x 16-byte aligned (the tensor map's base), y and bias 4-byte
- * aligned (pairs) -- the C entry checks these with clear messages; this is
- * the backend's own guard. */
+ * dividing K, x, the layout, y and bias 16-byte aligned -- the C entry checks
+ * these with clear messages; this is the backend's own guard. */
 bool prepared_problem_ok(const awq_prepared_problem *p)
 {
     if (p->dtype != AWQ_F16 && p->dtype != AWQ_BF16) return false;
