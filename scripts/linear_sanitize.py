@@ -13,7 +13,10 @@ tails), N tails
 (a column block of one word column, N = 8), K tails (G = K = 200 and 202),
 G in {32, 128, K}, float16 and bfloat16 (the tensor-core kernel), float32 and
 misaligned views (the CUDA-core kernel), bias on and off; one call captured
-in a CUDA graph and replayed.  Each result is checked against a float64
+in a CUDA graph and replayed.  On compute capability 9.0 also the prefill
+kernel of awq_fast_dequant.torch.prepare_prefill, on shapes that take each of
+its tiles of rows (128, 256) and splits of K (1, 2 blocks a cluster), with M
+tails and bias.  Each result is checked against a float64
 reference within DESIGN.md section 7's tolerance, and a second call must give
 the same bits.
 
@@ -153,7 +156,37 @@ def main() -> int:
     check(awq, torch, out, x, qw, qz, sc, b, 32, "graph replay")
     n += 1
     print(f"{n} fused linear calls checked ({'tuned: every candidate launched' if args.tune else 'defaults'})")
+    if torch.cuda.get_device_capability() == (9, 0):
+        print(f"{prepared(awq, torch, rng, args.quick)} prepared-layout calls checked")
     return 0
+
+
+def prepared(awq, torch, rng, quick):
+    """The prefill kernel through AWQLinear with a layout (min_rows=1): every call
+    of these shapes runs it.  Returns the number of calls checked."""
+    from awq_fast_dequant.torch import AWQLinear, prepare_prefill
+
+    shapes = [  # M, K, N, G, bias: the tile and split its cost model picks on 132 or 144 SMs
+        (512, 4096, 1024, 128, False),  # 128 rows, K over 2 blocks of a cluster
+        (512, 1024, 4096, 64, True),    # 256 rows, no split
+        (300, 1024, 768, 64, True),     # a tail of rows
+        (77, 512, 256, 128, False),     # one partial tile
+        (1, 1024, 128, 64, True),       # one row
+    ]
+    n = 0
+    for M, K, N, G, bias in shapes[:3] if quick else shapes:
+        for dtype in ("float16",) if quick else ("float16", "bfloat16"):
+            x, qw, qz, sc, b = problem(awq, torch, rng, M, K, N, G, dtype, bias)
+            layer = AWQLinear.from_tensors(qw, qz, sc, b)
+            report = prepare_prefill(layer, min_rows=1)
+            assert report["prepared"], f"prepare_prefill left the layer alone: {report['skipped']}"
+            what = f"prepared M={M} K={K} N={N} G={G} {dtype} bias={bias}"
+            y = layer(x)
+            torch.cuda.synchronize()
+            check(awq, torch, y, x, qw, qz, sc, b, G, what)
+            assert torch.equal(y.view(torch.int16), layer(x).view(torch.int16)), f"{what}: two calls differ"
+            n += 1
+    return n
 
 
 if __name__ == "__main__":
