@@ -22,7 +22,8 @@
 # tests/test_torch_hf.py (about five minutes: torch.compile); PART=bench the
 # build and the benchmarks (all three: PART=all, the default); PART=probes the
 # build and the sm_90a probes alone (wgmma_probe.txt, prefill_smem.txt,
-# prefill_prepared.txt).
+# prefill_prepared.txt); PART=parallel the build, every test and the memcheck
+# sweeps at once, then the decoder-layer and prepared-layout benchmarks.
 set -u
 R=$PWD
 OUT=${OUT:-$R/device_out}
@@ -44,6 +45,39 @@ python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 
 cd /tmp  # import the installed package, not the source folder
 python3 -c "import awq_fast_dequant as a; print(a.build_info())" >> "$OUT/checks.log" 2>&1
 TORCH_TESTS="$R/tests/test_torch.py $R/tests/test_torch_fuse.py $R/tests/test_torch_hf.py"
+if [ "$PART" = parallel ]; then
+# Every test and the memcheck sweeps as five processes at once on the one GPU
+# (correctness only: nothing here is timed), then the decoder-layer and
+# prepared-layout benchmarks alone: about seven minutes in all, for a call
+# that must cover everything.  Logs: tests_*.log, memcheck.log, decoder.txt,
+# prefill_prepared.txt.
+T=${TEST_TIMEOUT:-360}
+Q="-p no:cacheprovider -q -rs"
+# shellcheck disable=SC2086
+{
+timeout "$T" python3 -m pytest $Q -k "not aotinductor" "$R/tests/test_torch.py" > "$OUT/tests_torch.log" 2>&1 &
+timeout "$T" python3 -m pytest $Q "$R/tests/test_torch_fuse.py" "$R/tests/test_torch_hf.py" \
+    "$R/tests/test_prefill.py" > "$OUT/tests_fuse_hf_prefill.log" 2>&1 &
+timeout "$T" python3 -m pytest $Q "$R/tests" --ignore="$R/tests/test_torch.py" \
+    --ignore="$R/tests/test_torch_fuse.py" --ignore="$R/tests/test_torch_hf.py" \
+    --ignore="$R/tests/test_prefill.py" > "$OUT/tests_core.log" 2>&1 &
+timeout "$T" python3 -m pytest $Q -k aotinductor "$R/tests/test_torch.py" > "$OUT/tests_aoti.log" 2>&1 &
+{ timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 1 python3 "$R/scripts/linear_sanitize.py"
+  echo "linear memcheck rc $?"
+  timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 1 python3 "$R/scripts/sanitize_sweep.py"
+  echo "sanitizer rc $?"; } > "$OUT/memcheck.log" 2>&1 &
+wait
+}
+for f in "$OUT"/tests_*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; done
+grep -E "checked|rc [0-9]|ERROR SUMMARY" "$OUT/memcheck.log"
+python3 "$R/scripts/decoder_layer_bench.py" --trials 11 > "$OUT/decoder.txt" 2>&1
+echo "decoder bench rc $?" >> "$OUT/decoder.txt"
+grep -E "ratio|^host us|rc [0-9]" "$OUT/decoder.txt"
+(cd "$R/scripts" && python3 prefill_prepared_bench.py) > "$OUT/prefill_prepared.txt" 2>&1
+echo "prefill prepared bench rc $?" >> "$OUT/prefill_prepared.txt"
+cat "$OUT/prefill_prepared.txt"
+exit 0
+fi
 if [ "$PART" = torch ] || [ "$PART" = all ]; then
 # shellcheck disable=SC2086
 python3 -m pytest -p no:cacheprovider -q -rs --durations=5 -k "not aotinductor" $TORCH_TESTS \
