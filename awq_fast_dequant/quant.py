@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .reference import DTYPES, REVERSE
+from .reference import DTYPES, REVERSE, _round_to, _to_float32
 
 __all__ = ["pack", "unpack", "quantize"]
 
@@ -793,17 +793,10 @@ def _refit_scales(q: np.ndarray, G: int, step: np.ndarray, stored: np.ndarray,
 
 def _round_to_storage(scale: np.ndarray, kind: str):
     """(stored array, its exact float32 value) of positive float32 scales rounded to
-    nearest in the storage type (_round_up_to_storage's layout)."""
-    if kind == "float32":
-        return scale, scale
-    if kind == "float16":
-        with np.errstate(over="ignore"):
-            stored = scale.astype(np.float16)
-        return stored, stored.astype(np.float32)
-    # bfloat16: the top half of the float32, rounded to nearest even
-    wide = scale.view(np.uint32).astype(np.uint64)
-    bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits, (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    nearest in the storage type (_round_up_to_storage's layout): the contract's
+    rounding, reference._round_to."""
+    stored = _round_to(scale, kind)
+    return stored, _to_float32(stored, kind)
 
 
 _DIVERGED = "the rounding errors grew without bound (hessian nearly singular); raise damp"

@@ -120,6 +120,18 @@ def test_calls_below_min_rows_stay_on_the_c_call_path(monkeypatch):
     assert calls == [(8, 256), (2, 5, 256)]  # 8 and 10 rows: forward's; fewer: linear() from C
 
 
+def test_a_conversion_keeps_the_layout_of_unchanged_buffers_and_rebuilds_a_stale_one():
+    layer = AWQLinear.from_linear(nn.Linear(256, 128).half(), 128)
+    pre = layer._prefill = _prefill.Prepared(layer, 8)  # built on the host: the layout is torch code
+    layer.to(torch.float16)
+    layer.cpu()
+    assert layer._prefill is pre  # the same buffers: nothing built again
+    with torch.no_grad():
+        layer.scales.mul_(2)  # written in place: the layout is stale
+    layer.to(torch.float16)
+    assert layer._prefill is None  # built again from the buffers, which the kernel cannot run on the host
+
+
 def test_the_kernel_entry_refuses_host_memory_with_a_clear_error():
     qweight, qzeros, scales = random_layer(128, 128, 64, torch.float16)
     words, operands = _prefill.layout(qweight, qzeros, scales, 64)

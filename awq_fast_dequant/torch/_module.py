@@ -416,8 +416,11 @@ class AWQLinear(nn.Module):
         group = self._siblings
         if group is not None and not group.intact():
             group.dissolve()  # converted: the views are copies now, or some are
-        if self._prefill is not None:
-            self._prefill = _prefill.build(self, self._prefill.min_rows)  # converted buffers, or none
+        pre = self._prefill
+        if pre is not None and not pre.fresh(self._buffers):  # unchanged buffers keep theirs
+            min_rows = pre.min_rows
+            self._prefill = pre = None  # the stale layout's memory goes before the new one is built
+            self._prefill = _prefill.build(self, min_rows)  # the converted buffers' layout, or none
         return result
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -119,7 +119,7 @@ class Prepared:
 
     def fresh(self, b: dict) -> bool:
         qweight, qzeros, scales = self.sources
-        return (b["qweight"] is qweight and b["qzeros"] is qzeros and b["scales"] is scales
+        return (b.get("qweight") is qweight and b.get("qzeros") is qzeros and b.get("scales") is scales
                 and tuple(_version(t) for t in self.sources) == self.versions)
 
 
