@@ -15,8 +15,8 @@ G in {32, 128, K}, float16 and bfloat16 (the tensor-core kernel), float32 and
 misaligned views (the CUDA-core kernel), bias on and off; one call captured
 in a CUDA graph and replayed.  On compute capability 9.0 also the prefill
 kernel of awq_fast_dequant.torch.prepare_prefill, on shapes that take each of
-its tiles of rows (128, 256) and splits of K (1, 2 blocks a cluster), with M
-tails and bias.  Each result is checked against a float64
+its tiles of rows (128, 256) and splits of K (1, 2 blocks a cluster, or a
+round without and a tail with), with M tails and bias.  Each result is checked against a float64
 reference within DESIGN.md section 7's tolerance, and a second call must give
 the same bits.
 
@@ -170,6 +170,7 @@ def prepared(awq, torch, rng, quick):
         (512, 4096, 1024, 128, False),  # 128 rows, K over 2 blocks of a cluster
         (512, 1024, 4096, 64, True),    # 256 rows, no split
         (300, 1024, 768, 64, True),     # a tail of rows
+        (1000, 2048, 6144, 128, True),  # a round without a split, the tail over 2 blocks each
         (77, 512, 256, 128, False),     # one partial tile
         (1, 1024, 128, 64, True),       # one row
     ]

@@ -153,9 +153,11 @@ def prepared_call(x, qweight, qzeros, scales, G, bias=None, out=None):
 
 # (M, K, N): the tile and split the kernel's choice takes on 132 multiprocessors --
 # 128 rows, 2 blocks a cluster; 256 rows, no split; 256 rows, 2 a cluster; 128 rows,
-# no split -- rows past the last tile, and a single row.
+# no split; a whole round of 256 rows without a split and the last tiles over 2 blocks
+# each, rows past the last tile (132 or 144 multiprocessors) -- rows past the last
+# tile, and a single row.
 SHAPES = [(512, 4096, 1024), (512, 256, 16384), (512, 4096, 4096), (512, 1024, 4096),
-          (300, 1024, 768), (77, 512, 256), (1, 1024, 128)]
+          (1000, 2048, 6144), (300, 1024, 768), (77, 512, 256), (1, 1024, 128)]
 
 
 @hopper

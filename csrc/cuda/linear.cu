@@ -1382,36 +1382,54 @@ bool prepared_problem_ok(const awq_prepared_problem *p)
            (!p->bias || aligned(p->bias, 16));
 }
 
-/* Rows of x a block (NT) and blocks of a cluster (split): the least of
- * rounds x (stages a block x the time of a stage + a split's reduction),
- * where a round is one block on every multiprocessor, a stage of 128 rows
- * costs about 0.8 of one of 256 (the products halve; the weights' loads and
- * dequantization, and the warps' other work, stay) and the reduction about
- * 8 stages of 256 rows.  Fitted to every (256 | 128) x (1 | 2) on the seven
- * Llama-3-8B projections at M = 512 on an H100, it picks the fastest on
- * each (docs/KERNELS.md). */
-void prepared_choice(const awq_prepared_problem *p, const Device &d, int *nt_out, int *split_out)
+/* How a problem runs: rows of x a block (nt), and the first `head` tiles
+ * with K over `split` blocks of a cluster, the rest (the tail) over 2. */
+struct PreparedPlan {
+    int nt, split;
+    int64_t tiles, head;
+};
+
+/* The plan of least rounds x (stages a block x the time of a stage + a
+ * split's reduction), where a round is one block on every multiprocessor, a
+ * stage of 128 rows costs about 0.8 of one of 256 (the products halve; the
+ * weights' loads and dequantization, and the warps' other work, stay) and
+ * the reduction about 8 stages of 256 rows.  Fitted to every (256 | 128) x
+ * (1 | 2) on the seven Llama-3-8B projections at M = 512 on an H100, it picks
+ * the fastest on each (docs/KERNELS.md).  Besides one split for every tile,
+ * a plan may run whole rounds without a split and the last, partial round's
+ * tiles (at most half the multiprocessors) over 2 blocks each: a second
+ * launch, so that a tail of 3.39 rounds (gate/up as one layer at 512 rows)
+ * costs 3 rounds and a short one instead of 4. */
+PreparedPlan prepared_choice(const awq_prepared_problem *p, const Device &d)
 {
+    PreparedPlan plan = {256, 1, 0, 0};
     double best = 0.0;
-    *nt_out = 256;
-    *split_out = 1;
     const int64_t stages = p->K / prep::kStageK;
-    for (int nt : {256, 128})
-        for (int split : {1, 2}) {
-            if (stages % (prep::kAhead * split)) continue;
-            const int64_t blocks = ceil_div(p->M, nt) * (p->N / prep::kCols) * split;
-            const double cost = (double)ceil_div(blocks, d.sms) *
-                                ((double)(stages / split) * (nt == 256 ? 1.0 : 0.8) + (split > 1 ? 8.0 : 0.0));
-            if (best == 0.0 || cost < best - 1e-9) {
-                best = cost;
-                *nt_out = nt;
-                *split_out = split;
-            }
+    auto consider = [&](int nt, int split, int64_t tiles, int64_t head, double cost) {
+        if (best == 0.0 || cost < best - 1e-9) {
+            best = cost;
+            plan = {nt, split, tiles, head};
         }
+    };
+    for (int nt : {256, 128}) {
+        const double stage = nt == 256 ? 1.0 : 0.8;
+        const int64_t tiles = ceil_div(p->M, nt) * (p->N / prep::kCols);
+        for (int split : {1, 2})
+            if (stages % (prep::kAhead * split) == 0)
+                consider(nt, split, tiles, tiles,
+                         (double)ceil_div(tiles * split, d.sms) *
+                             ((double)(stages / split) * stage + (split > 1 ? 8.0 : 0.0)));
+        const int64_t rounds = tiles / d.sms, rest = tiles - rounds * d.sms;
+        if (rounds > 0 && rest > 0 && 2 * rest <= d.sms && stages % (prep::kAhead * 2) == 0)
+            consider(nt, 1, tiles, rounds * d.sms,
+                     (double)rounds * (double)stages * stage + (double)(stages / 2) * stage + 8.0);
+    }
+    return plan;
 }
 
 template <class T, int NT>
-cudaError_t prepared_launch_tile(const awq_prepared_problem *p, int split, const Device &d, cudaStream_t stream)
+cudaError_t prepared_launch_tile(const awq_prepared_problem *p, int split, int64_t tile0, int64_t tiles, const Device &d,
+                                 cudaStream_t stream)
 {
     const sm90::EncodeTiled encode = sm90::tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
@@ -1426,12 +1444,13 @@ cudaError_t prepared_launch_tile(const awq_prepared_problem *p, int split, const
     a.y = static_cast<char *>(p->y);
     a.M = p->M;
     a.N = p->N;
+    a.tile0 = tile0;
     a.K = (int)p->K;
     a.split = split;
     a.gshift = 0;
     while ((int64_t(prep::kStageK) << a.gshift) < p->G) ++a.gshift;
     LaunchShape s;
-    const int64_t blocks = ceil_div(p->M, NT) * (p->N / prep::kCols) * split;
+    const int64_t blocks = tiles * split;
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
     s.grid = dim3((unsigned)blocks, 1, 1);
     s.block = dim3(prep::kThreads, 1, 1);
@@ -1440,11 +1459,16 @@ cudaError_t prepared_launch_tile(const awq_prepared_problem *p, int split, const
 }
 
 template <class T>
-cudaError_t prepared_launch_type(const awq_prepared_problem *p, int nt, int split, const Device &d,
+cudaError_t prepared_launch_type(const awq_prepared_problem *p, const PreparedPlan &plan, const Device &d,
                                  cudaStream_t stream)
 {
-    return nt == 256 ? prepared_launch_tile<T, 256>(p, split, d, stream)
-                     : prepared_launch_tile<T, 128>(p, split, d, stream);
+    auto part = [&](int split, int64_t tile0, int64_t tiles) {
+        return plan.nt == 256 ? prepared_launch_tile<T, 256>(p, split, tile0, tiles, d, stream)
+                              : prepared_launch_tile<T, 128>(p, split, tile0, tiles, d, stream);
+    };
+    cudaError_t e = part(plan.split, 0, plan.head);
+    if (e == cudaSuccess && plan.head < plan.tiles) e = part(2, plan.head, plan.tiles - plan.head);
+    return e;
 }
 } // namespace
 
@@ -1481,14 +1505,13 @@ awq_status awq_cuda_linear_prepared(const awq_prepared_problem *p, int *detail)
         return status_of(e);
     }
     if (!d.warpgroups() || d.smem_optin < prep::Tile<256>::kSmem) return AWQ_ERR_CONFIG;
-    int nt = 256, split = 1;
-    prepared_choice(p, d, &nt, &split);
+    const PreparedPlan plan = prepared_choice(p, d);
     DeviceScope scope;
     e = scope.enter(p->device);
     if (e == cudaSuccess) {
         const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-        e = clear_error(p->dtype == AWQ_F16 ? prepared_launch_type<F16T>(p, nt, split, d, stream)
-                                            : prepared_launch_type<BF16T>(p, nt, split, d, stream));
+        e = clear_error(p->dtype == AWQ_F16 ? prepared_launch_type<F16T>(p, plan, d, stream)
+                                            : prepared_launch_type<BF16T>(p, plan, d, stream));
     }
     set_detail(detail, (int)e);
     return linear_status(e);

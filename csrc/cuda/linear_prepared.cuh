@@ -86,6 +86,7 @@ struct Args {
     const char *bias;      /* [N] or nullptr */
     char *y;               /* [M][N] */
     int64_t M, N;
+    int64_t tile0; /* the first tile of this launch (the tail of a plan: linear.cu) */
     int K, split;
     int gshift; /* log2(G / 64) */
 };
@@ -152,8 +153,8 @@ template <class T> __device__ __forceinline__ float bias_at(const char *bias, in
 
 #endif /* AWQ_WGMMA_CODE */
 
-/* grid.x = row tiles x column tiles x split, the split blocks of a tile one
- * cluster, row tiles fastest (they share W in L2). */
+/* grid.x = tiles x split from tile a.tile0 on, the split blocks of a tile one
+ * cluster; tiles are numbered row tiles fastest (they share W in L2). */
 template <class T, int NT>
 __global__ void __launch_bounds__(kThreads, 1) prepared_kernel(const Args a, const __grid_constant__ CUtensorMap tmx)
 {
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1) prepared_kernel(const Args a, con
     const int h = warp >> 2, w = warp & 3, g = lane >> 2, i = lane & 3;
     const int64_t mtiles = (a.M + NT - 1) / NT, ntiles = a.N / kCols;
     const int rank = (int)(blockIdx.x % a.split);
-    const int64_t tile = blockIdx.x / a.split;
+    const int64_t tile = a.tile0 + blockIdx.x / a.split;
     const int64_t m0 = (tile % mtiles) * NT, nt = tile / mtiles;
     const int nst = a.K / kStageK;
     const int s_begin = rank * nst / a.split, s_end = (rank + 1) * nst / a.split; /* a multiple of kAhead */
