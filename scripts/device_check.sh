@@ -24,7 +24,9 @@
 # build and the sm_90a probes alone (wgmma_probe.txt, prefill_smem.txt,
 # prefill_prepared.txt); PART=parallel the build, the tests but the AOTInductor
 # ones and the memcheck sweeps at once, then the decoder-layer and
-# prepared-layout benchmarks.
+# prepared-layout benchmarks; PART=prefill the same for the prefill kernel alone
+# (tests/test_prefill.py and the memcheck sweep of the fused linear and that
+# kernel, then the two benchmarks: about four minutes).
 set -u
 R=$PWD
 OUT=${OUT:-$R/device_out}
@@ -46,7 +48,7 @@ python3 -m pip install --no-build-isolation --no-deps "$R" >> "$OUT/checks.log" 
 cd /tmp  # import the installed package, not the source folder
 python3 -c "import awq_fast_dequant as a; print(a.build_info())" >> "$OUT/checks.log" 2>&1
 TORCH_TESTS="$R/tests/test_torch.py $R/tests/test_torch_fuse.py $R/tests/test_torch_hf.py"
-if [ "$PART" = parallel ]; then
+if [ "$PART" = parallel ] || [ "$PART" = prefill ]; then
 # The tests (less the two AOTInductor ones, which compile C++ for minutes: PART=checks)
 # and the memcheck sweeps as five processes at once on the one GPU (correctness
 # only: nothing here is timed), then the decoder-layer and prepared-layout
@@ -60,6 +62,11 @@ Q="-p no:cacheprovider -q -rs"
 HEAVY="$R/tests/test_quant.py $R/tests/test_minilm.py $R/tests/test_convert_minilm.py"
 # shellcheck disable=SC2086
 {
+if [ "$PART" = prefill ]; then
+timeout "$T" python3 -m pytest $Q "$R/tests/test_prefill.py" > "$OUT/tests_prefill.log" 2>&1 &
+{ timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 1 python3 "$R/scripts/linear_sanitize.py"
+  echo "linear memcheck rc $?"; } > "$OUT/memcheck.log" 2>&1 &
+else
 timeout "$T" python3 -m pytest $Q -k "not aotinductor" "$R/tests/test_torch.py" > "$OUT/tests_torch.log" 2>&1 &
 timeout "$T" python3 -m pytest $Q "$R/tests/test_torch_fuse.py" "$R/tests/test_torch_hf.py" \
     "$R/tests/test_prefill.py" > "$OUT/tests_fuse_hf_prefill.log" 2>&1 &
@@ -71,6 +78,7 @@ timeout "$T" python3 -m pytest $Q "$R/tests" $IGNORE > "$OUT/tests_core.log" 2>&
   echo "linear memcheck rc $?"
   timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 1 python3 "$R/scripts/sanitize_sweep.py"
   echo "sanitizer rc $?"; } > "$OUT/memcheck.log" 2>&1 &
+fi
 wait
 }
 for f in "$OUT"/tests_*.log; do
